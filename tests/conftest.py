@@ -1,0 +1,54 @@
+"""Shared fixtures: every launch test must leave the test process as it found it."""
+
+from __future__ import annotations
+
+import glob
+import os
+import tempfile
+import threading
+
+import psutil
+import pytest
+
+
+def _is_resource_tracker(proc: psutil.Process) -> bool:
+    # multiprocessing's resource tracker: one per process, started by the first spawn, by design
+    try:
+        return any("resource_tracker" in part for part in proc.cmdline())
+    except psutil.Error:
+        return False
+
+
+def snapshot() -> dict:
+    me = psutil.Process()
+    return {
+        "children": sorted(p.pid for p in me.children(recursive=True) if not _is_resource_tracker(p)),
+        "fds": me.num_fds(),
+        "threads": threading.active_count(),
+        "tempdirs": sorted(glob.glob(os.path.join(tempfile.gettempdir(), "ddpkit-*"))),
+    }
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _resource_tracker_started():
+    # The first spawn starts multiprocessing's resource tracker (a process and a pipe that live
+    # as long as this process, by design); start it up front so it is not mistaken for a leak.
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+
+
+@pytest.fixture
+def no_leaks():
+    """Fail the test if it leaves a child process, descriptor, thread or ddpkit temp dir behind."""
+    before = snapshot()
+    yield
+    after = snapshot()
+    assert after == before, f"leaked resources: before={before} after={after}"
+
+
+def in_notebook(source: str) -> dict:
+    """Run ``source`` the way a notebook cell runs: in a module Python cannot import by name."""
+    namespace = {"__name__": "__notebook_cell__"}
+    exec(compile(source, "<notebook-cell>", "exec"), namespace)
+    return namespace
