@@ -20,6 +20,7 @@ on a laptop CPU:
 from ._env import DistEnv, dist_env, patched_environ, setup_distributed, torchrun_environ
 from ._errors import LaunchTimeoutError, RankFailedError, RankFailure
 from ._launch import launch
+from ._torchrun import torchrun
 
 __all__ = [
     "DistEnv",
@@ -30,6 +31,7 @@ __all__ = [
     "launch",
     "patched_environ",
     "setup_distributed",
+    "torchrun",
     "torchrun_environ",
 ]
 

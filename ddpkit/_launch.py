@@ -42,6 +42,7 @@ import psutil
 from . import _child
 from ._env import DDPKIT_MARKER, DDPKIT_PG_TIMEOUT, patched_environ, torchrun_environ
 from ._errors import LaunchTimeoutError, RankFailedError, RankFailure, classify, describe_exitcode, trim_stack
+from ._output import Relay
 
 _BACKENDS = ("gloo", "nccl", "mpi")
 _START_METHODS = ("auto", "fork", "spawn", "forkserver")
@@ -129,47 +130,6 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-# --------------------------------------------------------------------------- output
-
-
-class _Relay:
-    """Prefix each rank's lines; show rank 0 live, hold the others for the end (rank order)."""
-
-    def __init__(self, world_size: int):
-        self.partial: dict[tuple[int, str], bytes] = {}
-        self.held: dict[int, list[tuple[str, str]]] = {r: [] for r in range(world_size)}
-
-    def feed(self, rank: int, stream: str, data: bytes) -> None:
-        buf = self.partial.get((rank, stream), b"") + data
-        *lines, rest = buf.split(b"\n")
-        self.partial[(rank, stream)] = rest
-        for line in lines:
-            self._line(rank, stream, line)
-
-    def _line(self, rank: int, stream: str, line: bytes) -> None:
-        text = f"[rank{rank}]: {line.decode('utf-8', 'replace')}\n"
-        if rank == 0:
-            self._write(stream, text)
-        else:
-            self.held[rank].append((stream, text))
-
-    @staticmethod
-    def _write(stream: str, text: str) -> None:
-        target = sys.stdout if stream == "out" else sys.stderr
-        target.write(text)
-        target.flush()
-
-    def finish(self) -> None:
-        for (rank, stream), rest in sorted(self.partial.items()):
-            if rest:
-                self._line(rank, stream, rest)
-        self.partial.clear()
-        for rank in sorted(self.held):
-            for stream, text in self.held[rank]:
-                self._write(stream, text)
-            self.held[rank] = []
 
 
 # --------------------------------------------------------------------------- stopping
@@ -321,7 +281,7 @@ def launch(
 
 def _supervise(procs: list, readers: dict, world_size: int, nnodes: int, timeout: float | None) -> list:
     per_node = world_size // nnodes
-    relay = _Relay(world_size)
+    relay = Relay()
     stacks = {r: b"" for r in range(world_size)}
     results: dict[int, Any] = {}
     errors: dict[int, tuple[str, str]] = {}
@@ -350,7 +310,7 @@ def _supervise(procs: list, readers: dict, world_size: int, nnodes: int, timeout
         elif kind == "stack":
             stacks[rank] += data
         else:
-            relay.feed(rank, kind, data)
+            relay.feed(("rank", rank), kind, data)
 
     def fail(rank: int, exitcode: int | None, summary: str, tb: str, raised: bool) -> None:
         failures[rank] = RankFailure(
@@ -375,7 +335,7 @@ def _supervise(procs: list, readers: dict, world_size: int, nnodes: int, timeout
             if not pending and now - last_exit > 2.0:
                 break  # ranks are gone; only their leftover children hold the pipes open
             if timeout is not None and now - start > timeout:
-                _raise_timeout(procs, exited, readers, open_readers, stacks, relay, timeout)
+                _raise_timeout(procs, exited, readers, open_readers, stacks, timeout)
             ready = _wait(list(open_readers) + pending, timeout=0.05)
             for obj in ready:
                 if obj in open_readers:
@@ -413,7 +373,7 @@ def _supervise(procs: list, readers: dict, world_size: int, nnodes: int, timeout
     return [results[r] for r in range(world_size)]
 
 
-def _raise_timeout(procs, exited, readers, open_readers, stacks, relay, timeout) -> None:
+def _raise_timeout(procs, exited, readers, open_readers, stacks, timeout) -> None:
     running = [r for r in range(len(procs)) if r not in exited]
     for rank in running:
         stacks[rank] = b""

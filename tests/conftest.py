@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 import tempfile
 import threading
 
@@ -30,7 +31,25 @@ def snapshot() -> dict:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _resource_tracker_started():
+def _private_tempdir():
+    # Launches create and delete temp dirs; give this test run its own TMPDIR so that the
+    # leak check sees only ours, not those of another program running on the same machine.
+    private = tempfile.mkdtemp(prefix="tests-")
+    saved = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"] = tempfile.tempdir = private
+    yield
+    if saved[0] is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = saved[0]
+    tempfile.tempdir = saved[1]
+    leftovers = [name for name in os.listdir(private) if not name.startswith("pytest-of-")]
+    shutil.rmtree(private, ignore_errors=True)
+    assert not leftovers, f"the test run left files in its temp dir: {leftovers}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _resource_tracker_started(_private_tempdir):
     # The first spawn starts multiprocessing's resource tracker (a process and a pipe that live
     # as long as this process, by design); start it up front so it is not mistaken for a leak.
     from multiprocessing import resource_tracker

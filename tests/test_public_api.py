@@ -1,0 +1,35 @@
+"""Pin ddpkit's public surface: adding or removing a name is a deliberate change to this list."""
+
+import ddpkit
+
+EXPECTED = {
+    "DistEnv",
+    "LaunchTimeoutError",
+    "RankFailedError",
+    "RankFailure",
+    "dist_env",
+    "launch",
+    "patched_environ",
+    "setup_distributed",
+    "torchrun",
+    "torchrun_environ",
+}
+
+
+def test_all_is_the_expected_sorted_surface():
+    assert set(ddpkit.__all__) == EXPECTED
+    assert list(ddpkit.__all__) == sorted(ddpkit.__all__)
+
+
+def test_every_public_name_exists_and_is_documented_with_an_example():
+    for name in ddpkit.__all__:
+        obj = getattr(ddpkit, name)
+        doc = obj.__doc__ or ""
+        assert doc.strip(), f"ddpkit.{name} has no docstring"
+        if callable(obj) and not isinstance(obj, type) or name in ("DistEnv",):
+            assert ">>>" in doc, f"ddpkit.{name}'s docstring has no runnable example"
+
+
+def test_private_modules_stay_private():
+    public_modules = [n for n in dir(ddpkit) if not n.startswith("_") and type(getattr(ddpkit, n)).__name__ == "module"]
+    assert public_modules == [], public_modules
