@@ -18,18 +18,27 @@ on a laptop CPU:
 """
 
 from ._env import DistEnv, dist_env, patched_environ, setup_distributed, torchrun_environ
+from ._bench import BandwidthRow, bandwidth_table, bus_factor, collective_bandwidth, copy_bandwidth
 from ._errors import LaunchTimeoutError, RankFailedError, RankFailure
 from ._launch import launch
+from ._plot import plot_bandwidth, plot_ranks
 from ._torchrun import torchrun
 
 __all__ = [
+    "BandwidthRow",
     "DistEnv",
     "LaunchTimeoutError",
     "RankFailedError",
     "RankFailure",
+    "bandwidth_table",
+    "bus_factor",
+    "collective_bandwidth",
+    "copy_bandwidth",
     "dist_env",
     "launch",
     "patched_environ",
+    "plot_bandwidth",
+    "plot_ranks",
     "setup_distributed",
     "torchrun",
     "torchrun_environ",

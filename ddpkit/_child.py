@@ -114,8 +114,6 @@ def main(rank: int, world_size: int, payload, conns: tuple, opts: dict) -> None:
     torch.set_num_threads(opts["threads"])
     code = 0
     try:
-        # spawn: cloudpickle bytes; fork: the parent's own objects (their code keeps its
-        # file names, so tracebacks show the notebook's source lines)
         fn, args, kwargs = cloudpickle.loads(payload) if isinstance(payload, bytes) else payload
         if opts["init_process_group"]:
             _init_group(rank, world_size, opts)

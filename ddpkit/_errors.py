@@ -26,7 +26,6 @@ _COMM_MARKERS = (
     "Broken pipe",
     "connectFullMesh",
     "Connection refused",
-    "DistNetworkError",
     "NCCL communicator was aborted",
 )
 

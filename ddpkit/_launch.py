@@ -46,7 +46,7 @@ from ._output import Relay
 
 _BACKENDS = ("gloo", "nccl", "mpi")
 _START_METHODS = ("auto", "fork", "spawn", "forkserver")
-FAILURE_WINDOW = 0.5  # seconds to keep collecting failures after the first one, to find the root cause
+FAILURE_WINDOW = 1.0  # seconds to keep collecting failures after the first one, to find the root cause
 STOP_GRACE = 0.5  # seconds between SIGTERM and SIGKILL when stopping ranks
 
 
@@ -183,7 +183,10 @@ def launch(
     pretends the ranks live on that many machines (``LOCAL_RANK = RANK %
     (world_size // nnodes)``); ``env`` adds or overrides variables (``None``
     removes one; ``OMP_NUM_THREADS`` sets the ranks' intra-op threads, 1 by
-    default).
+    default). Caveat: forked ranks inherit the parent's already-imported
+    torch, so variables that torch reads only at import time (such as
+    ``TORCH_CPP_LOG_LEVEL``) must be set before ``import torch`` in the
+    notebook, or need ``start_method="spawn"``.
 
     With ``init_process_group=True`` the default process group (``backend``,
     gloo by default) exists when ``fn`` starts and is torn down after it
@@ -247,6 +250,9 @@ def launch(
     if loopback and "GLOO_SOCKET_IFNAME" not in os.environ:
         common["GLOO_SOCKET_IFNAME"] = loopback  # gloo listens on loopback only
 
+    # fork hands the children the objects themselves (code keeps its file names, so tracebacks
+    # show the cell's source lines); spawn sends the cloudpickle bytes
+    carried = (fn, tuple(args), dict(kwargs)) if method == "fork" else payload
     procs: list = []
     readers: dict = {}  # connection -> (rank, "out" | "err" | "stack" | "result")
     try:
@@ -255,7 +261,7 @@ def launch(
             rank_env = {**torchrun_environ(rank, world_size, nnodes, "127.0.0.1", port, threads), **common, **extra}
             p = ctx.Process(
                 target=_child.main,
-                args=(rank, world_size, payload if method != "fork" else (fn, tuple(args), dict(kwargs)), tuple(w for _, w in ends), opts),
+                args=(rank, world_size, carried, tuple(w for _, w in ends), opts),
                 name=f"ddpkit-rank{rank}",
             )
             procs.append(p)
@@ -268,7 +274,10 @@ def launch(
             finally:
                 for _, w in ends:
                     w.close()
-        return _supervise(procs, readers, world_size, nnodes, timeout)
+        try:
+            return _supervise(procs, readers, world_size, nnodes, timeout)
+        except (RankFailedError, LaunchTimeoutError) as exc:
+            raise exc.with_traceback(None)  # the ranks' tracebacks are in the message; skip the launcher's loop
     finally:
         _stop(procs)
         for conn in readers:

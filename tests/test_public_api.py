@@ -3,6 +3,13 @@
 import ddpkit
 
 EXPECTED = {
+    "BandwidthRow",
+    "bandwidth_table",
+    "bus_factor",
+    "collective_bandwidth",
+    "copy_bandwidth",
+    "plot_bandwidth",
+    "plot_ranks",
     "DistEnv",
     "LaunchTimeoutError",
     "RankFailedError",

@@ -1,0 +1,272 @@
+"""How fast is a collective? Time, algorithm bandwidth and bus bandwidth.
+
+Timing one ``all_reduce`` gives a number that depends on the size of the
+tensor and on the number of ranks, so on its own it compares nothing. The
+convention of NVIDIA's ``nccl-tests``, used in every cluster benchmark you
+will read, turns it into two bandwidths:
+
+* **algorithm bandwidth** ``algbw = bytes / seconds``, where ``bytes`` is the
+  size of the tensor each rank hands to the collective (for ``all_gather``,
+  ``reduce_scatter`` and ``all_to_all``: the size of the whole, larger buffer).
+  It is what your training loop feels.
+* **bus bandwidth** ``busbw = algbw * bus_factor(op, n)``. A ring all-reduce
+  makes every rank send (and receive) ``2 (n-1)/n`` times the tensor, so
+  ``busbw`` is the speed each link actually ran at. It does not change with
+  the number of ranks when the algorithm is optimal, which makes it the number
+  to compare with the hardware's link speed, and across world sizes.
+
+Small tensors measure latency (a fixed cost per message), large ones
+bandwidth: that is why a sweep over sizes, not one number, describes a link.
+:func:`collective_bandwidth` runs such a sweep in real process groups
+(through :func:`ddpkit.launch`); :func:`copy_bandwidth` times a plain memory
+copy of the same bytes in one process, the ceiling to compare with; and
+:func:`bandwidth_table` prints either. From a script or a shell::
+
+    python -m ddpkit._bench --world-sizes 2 4 --max-mb 64
+
+Chapter 03 (``notebooks/03_collectives.ipynb``) teaches this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from typing import Callable, Iterable, Sequence
+
+#: The collectives :func:`collective_bandwidth` can time.
+OPS = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all")
+
+_ITER_BYTES = 1 << 20  # each timed repeat moves at least this much (small tensors loop several times)
+_MAX_ITERS = 20
+
+
+@dataclasses.dataclass(frozen=True)
+class BandwidthRow:
+    """One measurement: ``op`` on ``nbytes`` with ``world_size`` ranks took ``seconds`` (median).
+
+    ``algbw`` and ``busbw`` are in GB/s (10**9 bytes per second). For the
+    copy reference ``op`` is ``"copy"`` and ``world_size`` is 1.
+
+    >>> row = BandwidthRow("all_reduce", 4, 10**9, 2.0)
+    >>> row.algbw, row.busbw
+    (0.5, 0.75)
+    """
+
+    op: str
+    world_size: int
+    nbytes: int
+    seconds: float
+
+    @property
+    def algbw(self) -> float:
+        return self.nbytes / self.seconds / 1e9
+
+    @property
+    def busbw(self) -> float:
+        return self.algbw * bus_factor(self.op, self.world_size)
+
+    def as_dict(self) -> dict:
+        """The row as a plain dict, bandwidths included (for pandas, csv, json)."""
+        return {**dataclasses.asdict(self), "algbw": self.algbw, "busbw": self.busbw}
+
+
+def bus_factor(op: str, world_size: int) -> float:
+    """How many times its tensor a rank's busiest link carries, per ``nccl-tests``.
+
+    ``2(n-1)/n`` for all_reduce (reduce-scatter, then all-gather), ``(n-1)/n``
+    for all_gather, reduce_scatter and all_to_all, 1 for broadcast, reduce and
+    a plain copy.
+
+    >>> bus_factor("all_reduce", 4), bus_factor("all_gather", 4), bus_factor("broadcast", 4)
+    (1.5, 0.75, 1.0)
+    """
+    n = world_size
+    if op == "all_reduce":
+        return 2 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    if op in ("broadcast", "reduce", "copy"):
+        return 1.0
+    raise ValueError(f"unknown op {op!r}; use one of {', '.join(OPS)} or 'copy'")
+
+
+def default_sizes(smallest: int = 1 << 10, largest: int = 64 << 20, step: int = 4) -> list[int]:
+    """Sizes in bytes from ``smallest`` to ``largest``, each ``step`` times the last.
+
+    >>> default_sizes(1024, 64 * 1024)
+    [1024, 4096, 16384, 65536]
+    """
+    sizes, size = [], smallest
+    while size <= largest:
+        sizes.append(size)
+        size *= step
+    return sizes
+
+
+def _time(call: Callable[[], object], nbytes: int, repeats: int, sync: Callable[[], object] = lambda: None) -> float:
+    """Median seconds per call: one warm-up, then ``repeats`` timed loops of several calls."""
+    call()
+    iters = max(1, min(_MAX_ITERS, _ITER_BYTES // max(nbytes, 1)))
+    samples = []
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        for _ in range(iters):
+            call()
+        samples.append((time.perf_counter() - start) / iters)
+    return statistics.median(samples)
+
+
+def _collective(op: str, nbytes: int, world_size: int):
+    """The call that runs ``op`` once on float32 buffers of about ``nbytes``, and the exact bytes."""
+    import torch
+    import torch.distributed as dist
+
+    n = max(world_size, nbytes // 4 // world_size * world_size)  # elements, a multiple of world_size
+    whole = torch.ones(n)
+    if op == "all_reduce":
+        return (lambda: dist.all_reduce(whole)), 4 * n
+    if op == "broadcast":
+        return (lambda: dist.broadcast(whole, src=0)), 4 * n
+    if op == "reduce":
+        return (lambda: dist.reduce(whole, dst=0)), 4 * n
+    chunks = list(whole.chunk(world_size))
+    part = torch.ones(n // world_size)
+    if op == "all_gather":
+        return (lambda: dist.all_gather(chunks, part)), 4 * n
+    if op == "reduce_scatter":
+        return (lambda: dist.reduce_scatter(part, chunks)), 4 * n
+    if op == "all_to_all":
+        out = torch.empty(n)
+        return (lambda: dist.all_to_all_single(out, whole)), 4 * n
+    raise ValueError(f"unknown op {op!r}; use one of {', '.join(OPS)}")
+
+
+def _probe(op: str, sizes: Sequence[int], repeats: int) -> list[tuple[int, float]]:
+    """Runs in every rank: time ``op`` at each size; the slowest rank's time is the collective's."""
+    import torch
+    import torch.distributed as dist
+
+    world_size = dist.get_world_size()
+    out = []
+    for size in sizes:
+        call, nbytes = _collective(op, size, world_size)
+        seconds = torch.tensor(_time(call, nbytes, repeats, sync=dist.barrier), dtype=torch.float64)
+        dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+        out.append((nbytes, seconds.item()))
+    return out
+
+
+def _check(sizes: Iterable[int], repeats: int) -> list[int]:
+    sizes = list(sizes)
+    if not sizes or any(not isinstance(s, int) or s < 4 for s in sizes):
+        raise ValueError(f"sizes must be whole numbers of bytes >= 4, got {sizes!r}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats!r}")
+    return sizes
+
+
+def collective_bandwidth(
+    op: str = "all_reduce",
+    world_sizes: Sequence[int] = (2, 4),
+    sizes: Sequence[int] | None = None,
+    repeats: int = 5,
+    timeout: float = 300.0,
+) -> list[BandwidthRow]:
+    """Time ``op`` on gloo for every world size and tensor size; one :class:`BandwidthRow` each.
+
+    Each world size is one :func:`ddpkit.launch`. Every rank times, after a
+    warm-up call and a barrier, ``repeats`` loops of calls (several calls per
+    loop for small tensors, so the clock's resolution does not matter); a
+    row's ``seconds`` is the median loop's time per call on the slowest rank.
+    ``sizes`` are bytes per rank (default 1 KiB .. 64 MiB in steps of 4),
+    rounded down to whole float32 elements divisible by the world size.
+
+    >>> rows = collective_bandwidth("all_reduce", world_sizes=(2,), sizes=[4096], repeats=1)
+    >>> [(r.op, r.world_size, r.nbytes) for r in rows], rows[0].busbw > 0
+    ([('all_reduce', 2, 4096)], True)
+    """
+    from ._launch import launch
+
+    if op not in OPS:
+        raise ValueError(f"unknown op {op!r}; use one of {', '.join(OPS)}")
+    sizes = _check(default_sizes() if sizes is None else sizes, repeats)
+    rows = []
+    for world_size in world_sizes:
+        results = launch(_probe, world_size, args=(op, sizes, repeats), timeout=timeout)
+        rows += [BandwidthRow(op, world_size, nbytes, seconds) for nbytes, seconds in results[0]]
+    return rows
+
+
+def _copy_probe(sizes: Sequence[int], repeats: int) -> list[tuple[int, float]]:
+    import torch
+
+    out = []
+    for size in sizes:
+        n = max(1, size // 4)
+        src, dst = torch.ones(n), torch.empty(n)
+        out.append((4 * n, _time(lambda: dst.copy_(src), 4 * n, repeats)))
+    return out
+
+
+def copy_bandwidth(sizes: Sequence[int] | None = None, repeats: int = 5) -> list[BandwidthRow]:
+    """Time ``dst.copy_(src)`` of the same sizes in one process: the reference a collective is measured against.
+
+    It runs in a fresh single process (one :func:`ddpkit.launch` rank, one
+    thread, like each rank of :func:`collective_bandwidth`), so the notebook's
+    own threads and caches do not flatter or hurt it.
+
+    >>> rows = copy_bandwidth(sizes=[1 << 20], repeats=1)
+    >>> rows[0].op, rows[0].world_size, rows[0].nbytes, rows[0].busbw > 0
+    ('copy', 1, 1048576, True)
+    """
+    from ._launch import launch
+
+    sizes = _check(default_sizes() if sizes is None else sizes, repeats)
+    results = launch(_copy_probe, 1, args=(sizes, repeats), init_process_group=False)
+    return [BandwidthRow("copy", 1, nbytes, seconds) for nbytes, seconds in results[0]]
+
+
+def _human(nbytes: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if nbytes < 1024 or unit == "GiB":
+            return f"{nbytes:g} {unit}" if unit == "B" else f"{nbytes:.4g} {unit}"
+        nbytes /= 1024
+    raise AssertionError  # pragma: no cover
+
+
+def bandwidth_table(rows: Iterable[BandwidthRow]) -> str:
+    """A fixed-width text table of rows: op, ranks, size, time, algbw and busbw.
+
+    >>> print(bandwidth_table([BandwidthRow("all_reduce", 2, 1 << 20, 1e-3)]))
+    op          ranks       size     time us  algbw GB/s  busbw GB/s
+    all_reduce      2      1 MiB      1000.0       1.049       1.049
+    """
+    lines = [f"{'op':<10}  {'ranks':>5}  {'size':>9}  {'time us':>10}  {'algbw GB/s':>10}  {'busbw GB/s':>10}"]
+    for r in rows:
+        lines.append(
+            f"{r.op:<10}  {r.world_size:>5}  {_human(r.nbytes):>9}  {r.seconds * 1e6:>10.1f}  "
+            f"{r.algbw:>10.3f}  {r.busbw:>10.3f}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> list[BandwidthRow]:
+    """Command line: print the sweep of one collective and the copy reference."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m ddpkit._bench", description=main.__doc__)
+    parser.add_argument("--op", default="all_reduce", choices=OPS)
+    parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--max-mb", type=int, default=64, help="largest tensor, MiB")
+    parser.add_argument("--repeats", type=int, default=5)
+    a = parser.parse_args(argv)
+    sizes = default_sizes(largest=a.max_mb << 20)
+    rows = collective_bandwidth(a.op, a.world_sizes, sizes, a.repeats) + copy_bandwidth(sizes, a.repeats)
+    print(bandwidth_table(rows))
+    return rows
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,102 @@
+"""ddpkit._bench: the bandwidth probe, run for real in gloo process groups."""
+
+from __future__ import annotations
+
+import pytest
+
+import ddpkit
+from ddpkit._bench import OPS, default_sizes, main
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+
+def test_bus_factor_follows_nccl_tests():
+    assert ddpkit.bus_factor("all_reduce", 2) == 1.0
+    assert ddpkit.bus_factor("all_reduce", 8) == 2 * 7 / 8
+    for op in ("all_gather", "reduce_scatter", "all_to_all"):
+        assert ddpkit.bus_factor(op, 4) == 0.75
+    for op in ("broadcast", "reduce", "copy"):
+        assert ddpkit.bus_factor(op, 4) == 1.0
+    with pytest.raises(ValueError, match="unknown op"):
+        ddpkit.bus_factor("allreduce", 2)
+
+
+def test_row_computes_bandwidths_in_gigabytes_per_second():
+    row = ddpkit.BandwidthRow("all_gather", 4, 8_000_000, 0.004)
+    assert row.algbw == pytest.approx(2.0)
+    assert row.busbw == pytest.approx(1.5)
+    assert row.as_dict() == {
+        "op": "all_gather", "world_size": 4, "nbytes": 8_000_000, "seconds": 0.004,
+        "algbw": pytest.approx(2.0), "busbw": pytest.approx(1.5),
+    }
+
+
+def test_default_sizes_span_1_kib_to_64_mib_in_steps_of_4():
+    sizes = default_sizes()
+    assert sizes[0] == 1024 and sizes[-1] == 64 << 20
+    assert all(b == 4 * a for a, b in zip(sizes, sizes[1:]))
+
+
+def test_all_reduce_sweep_returns_one_row_per_world_size_and_size():
+    sizes = [4096, 16 << 20]
+    rows = ddpkit.collective_bandwidth("all_reduce", world_sizes=(2, 3), sizes=sizes, repeats=2)
+    assert [(r.op, r.world_size) for r in rows] == [("all_reduce", 2)] * 2 + [("all_reduce", 3)] * 2
+    # sizes are rounded down to whole float32 elements that split evenly over the ranks
+    assert [r.nbytes for r in rows] == [4096, 16 << 20, 4092, 16777212]
+    for r in rows:
+        assert r.seconds > 0
+        assert r.busbw == pytest.approx(r.algbw * ddpkit.bus_factor("all_reduce", r.world_size))
+    for world_size in (2, 3):
+        small, large = [r for r in rows if r.world_size == world_size]
+        # 4096x more data cannot take less time, and latency dominates the small one
+        assert large.seconds > small.seconds
+        assert large.busbw > small.busbw
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_every_op_runs(op):
+    (row,) = ddpkit.collective_bandwidth(op, world_sizes=(2,), sizes=[4096], repeats=1)
+    assert (row.op, row.world_size, row.nbytes) == (op, 2, 4096)
+    assert row.seconds > 0
+
+
+def test_copy_reference_is_one_process_and_grows_with_size():
+    small, large = ddpkit.copy_bandwidth(sizes=[4096, 16 << 20], repeats=2)
+    assert (small.op, small.world_size, small.nbytes) == ("copy", 1, 4096)
+    assert large.nbytes == 16 << 20
+    assert large.seconds > small.seconds > 0
+    assert large.busbw == large.algbw
+
+
+def test_copy_is_faster_than_gloo_over_loopback():
+    size = [1 << 20]
+    (copy,) = ddpkit.copy_bandwidth(sizes=size, repeats=3)
+    (reduce,) = ddpkit.collective_bandwidth("all_reduce", world_sizes=(2,), sizes=size, repeats=3)
+    assert copy.busbw > reduce.busbw
+
+
+def test_bad_arguments_fail_before_launching():
+    with pytest.raises(ValueError, match="unknown op"):
+        ddpkit.collective_bandwidth("allreduce")
+    with pytest.raises(ValueError, match="sizes"):
+        ddpkit.collective_bandwidth(sizes=[])
+    with pytest.raises(ValueError, match="sizes"):
+        ddpkit.copy_bandwidth(sizes=[2])
+    with pytest.raises(ValueError, match="repeats"):
+        ddpkit.copy_bandwidth(sizes=[1024], repeats=0)
+
+
+def test_table_has_a_header_and_a_line_per_row():
+    rows = [ddpkit.BandwidthRow("all_reduce", 4, 64 << 20, 0.1), ddpkit.BandwidthRow("copy", 1, 1024, 1e-6)]
+    lines = ddpkit.bandwidth_table(rows).splitlines()
+    assert lines[0].split() == ["op", "ranks", "size", "time", "us", "algbw", "GB/s", "busbw", "GB/s"]
+    assert lines[1].split() == ["all_reduce", "4", "64", "MiB", "100000.0", "0.671", "1.007"]
+    assert lines[2].split() == ["copy", "1", "1", "KiB", "1.0", "1.024", "1.024"]
+
+
+def test_command_line_prints_the_sweep_and_the_copy(capsys):
+    rows = main(["--world-sizes", "2", "--max-mb", "1", "--repeats", "1"])
+    out = capsys.readouterr().out.splitlines()
+    assert len(rows) == 2 * len(default_sizes(largest=1 << 20)) == len(out) - 1
+    assert {r.op for r in rows} == {"all_reduce", "copy"}
+    assert out[1].split()[:2] == ["all_reduce", "2"] and out[-1].split()[:2] == ["copy", "1"]
