@@ -9,36 +9,52 @@ on a laptop CPU:
 * :func:`dist_env`, :class:`DistEnv` and :func:`setup_distributed` read the
   launcher's environment and set up the process group, the same way under
   ``ddpkit.launch``, under ``torchrun`` and in a plain process (chapter 01);
-* :func:`torchrun` runs the real ``torchrun`` on a script from a notebook
-  (chapters 01 and 06).
+* :func:`torchrun` runs the real ``torchrun`` on a script from a notebook,
+  also as the ``%%torchrun`` cell magic after ``%load_ext ddpkit``
+  (chapters 01 and 06);
+* :func:`collective_bandwidth`, :func:`copy_bandwidth`, :func:`plot_ranks`
+  and :func:`plot_bandwidth` measure and draw collectives (chapter 03);
+* :func:`load_digits`, :func:`digits_mlp`, :func:`exact_accuracy`,
+  :func:`max_abs_diff` and :func:`measure_throughput` are the data and
+  checks of the training chapters (04 and 05).
 
 >>> import ddpkit
 >>> ddpkit.launch(lambda: ddpkit.dist_env().rank, world_size=3)
 [0, 1, 2]
 """
 
-from ._env import DistEnv, dist_env, patched_environ, setup_distributed, torchrun_environ
 from ._bench import BandwidthRow, bandwidth_table, bus_factor, collective_bandwidth, copy_bandwidth
+from ._data import Digits, digits_mlp, load_digits
+from ._env import DistEnv, dist_env, patched_environ, setup_distributed, torchrun_environ
 from ._errors import LaunchTimeoutError, RankFailedError, RankFailure
 from ._launch import launch
 from ._plot import plot_bandwidth, plot_ranks
-from ._torchrun import torchrun
+from ._torchrun import load_ipython_extension, register_magics, torchrun
+from ._train import Score, exact_accuracy, max_abs_diff, measure_throughput
 
 __all__ = [
     "BandwidthRow",
+    "Digits",
     "DistEnv",
     "LaunchTimeoutError",
     "RankFailedError",
     "RankFailure",
+    "Score",
     "bandwidth_table",
     "bus_factor",
     "collective_bandwidth",
     "copy_bandwidth",
+    "digits_mlp",
     "dist_env",
+    "exact_accuracy",
     "launch",
+    "load_digits",
+    "max_abs_diff",
+    "measure_throughput",
     "patched_environ",
     "plot_bandwidth",
     "plot_ranks",
+    "register_magics",
     "setup_distributed",
     "torchrun",
     "torchrun_environ",

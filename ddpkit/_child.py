@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime
 import faulthandler
+import linecache
 import os
 import signal
 import sys
@@ -90,7 +91,8 @@ def _finish_group() -> None:
 
 
 def _report_error(result_conn, exc: BaseException) -> None:
-    summary = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()[-1]
+    parts = traceback.format_exception_only(type(exc), exc)  # a SyntaxError's "Type: message" comes last
+    summary = (parts[-1] if isinstance(exc, SyntaxError) else parts[0]).strip().splitlines()[0]
     tb = exc.__traceback__.tb_next if exc.__traceback__ else None  # skip this module's frame
     text = "".join(traceback.format_exception(type(exc), exc, tb))
     try:
@@ -114,7 +116,11 @@ def main(rank: int, world_size: int, payload, conns: tuple, opts: dict) -> None:
     torch.set_num_threads(opts["threads"])
     code = 0
     try:
-        fn, args, kwargs = cloudpickle.loads(payload) if isinstance(payload, bytes) else payload
+        if isinstance(payload, bytes):  # spawn: code and the notebook cells' source lines travel pickled
+            pickled, sources = cloudpickle.loads(payload)
+            linecache.cache.update(sources)
+            payload = cloudpickle.loads(pickled)
+        fn, args, kwargs = payload
         if opts["init_process_group"]:
             _init_group(rank, world_size, opts)
         value = fn(*args, **kwargs)

@@ -25,6 +25,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
+import linecache
+import marshal
 import os
 import shutil
 import signal
@@ -32,6 +35,7 @@ import socket
 import sys
 import tempfile
 import time
+import types
 import warnings
 from multiprocessing.connection import wait as _wait
 from typing import Any, Callable, Mapping, Sequence
@@ -104,11 +108,38 @@ def _choose_start_method(start_method: str, threads: int) -> str:
     return start_method
 
 
+class _SourcePickler(cloudpickle.Pickler):
+    """cloudpickle, but code objects keep their file names and travel with their cell's source.
+
+    Plain cloudpickle renames a notebook function's file to ``<dynamic-code>``, so a
+    spawned rank's traceback would show neither the cell nor the failing line. The
+    children run the same interpreter, so ``marshal`` carries code objects whole; the
+    notebook's cells live in :mod:`linecache` (IPython registers them there), so we
+    ship those entries along and the child puts them back.
+    """
+
+    def __init__(self, file):
+        super().__init__(file)
+        self.sources: dict[str, tuple] = {}
+
+    def reducer_override(self, obj):
+        if isinstance(obj, types.CodeType):
+            entry = linecache.cache.get(obj.co_filename)
+            if entry is not None and not os.path.exists(obj.co_filename):
+                self.sources[obj.co_filename] = entry
+            return marshal.loads, (marshal.dumps(obj),)
+        return super().reducer_override(obj)
+
+
 def _pickle_payload(fn: Callable, args: Sequence, kwargs: Mapping) -> bytes:
+    """Pickle ``(fn, args, kwargs, sources)`` for the ranks, or explain what cannot travel."""
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     try:
-        return cloudpickle.dumps((fn, tuple(args), dict(kwargs)))
+        buffer = io.BytesIO()
+        pickler = _SourcePickler(buffer)
+        pickler.dump((fn, tuple(args), dict(kwargs)))
+        return cloudpickle.dumps((buffer.getvalue(), pickler.sources))
     except Exception as exc:
         raise TypeError(
             f"ddpkit.launch cannot send {getattr(fn, '__name__', fn)!r} or its arguments to the ranks: "
@@ -233,6 +264,11 @@ def launch(
     payload = _pickle_payload(fn, args, kwargs)
 
     import torch.multiprocessing as mp
+
+    if method == "fork":
+        # DistributedDataParallel (and torch.compile) import torch._dynamo, ~800 modules. Imported
+        # once here, every forked rank inherits it instead of importing it again (seconds per rank).
+        import torch._dynamo  # noqa: F401
 
     ctx = mp.get_context(method)
     pg_timeout = timeout + 30 if timeout is not None else 300.0

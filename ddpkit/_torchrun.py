@@ -5,18 +5,42 @@ the real thing, :func:`torchrun` writes a script's source to a private
 temporary directory and runs ``python -m torch.distributed.run`` on it, once
 per simulated machine ("node"): ``nodes=2`` starts two agents on this
 laptop, exactly as two machines would each run the same command with their
-own ``--node_rank``.
+own ``--node_rank``. In a notebook, ``%load_ext ddpkit`` adds the same thing
+as a cell magic::
+
+    %%torchrun --standalone --nproc_per_node=2
+    import os
+    print("hello from rank", os.environ["RANK"])
 
 Two placeholders keep the commands honest and the output reproducible:
 ``{port}`` becomes a free loopback port (the same for every node) and
 ``{node_rank}`` the node's number. The workers' lines come back prefixed
 ``[rankN]:`` (torchrun's own ``--tee`` with a prefix template), the agents'
 own messages ``[agentN]:``; rank 0 live, the rest in order at the end (see
-:mod:`ddpkit._output`). The agents run in their own process sessions, so
-when the run ends, fails, times out or is interrupted, every agent and
-worker is stopped and the directory removed.
+:mod:`ddpkit._output`). ``agent_log="clean"`` keeps the agents' messages but
+blanks what changes from run to run (times, pids, hosts, the agent's own
+traceback), so a failure report can be read, and compared, every time.
 
-Chapter 01 uses it for ``--nnodes=2`` and ``--standalone``.
+Three things make it safe to use again and again:
+
+* **No leftovers.** The agents run in their own process sessions, and each
+  worker in a session of its own; when the run ends, fails, times out or is
+  interrupted, every agent and every worker it started is stopped and the
+  directory removed.
+* **Restarts that work.** With ``--max-restarts`` the agent restarts the
+  whole worker group after a failure. Since PyTorch 2.5 the c10d rendezvous
+  shares one TCPStore, hosted by the agent, with the workers, and (in the
+  version measured here) keeps the *same* store for every attempt. The new
+  workers' ``init_process_group`` then finds the dead attempt's gloo
+  addresses under the very keys it is about to use, may read one before its
+  peer overwrites it, and fails with ``Gloo connectFullMesh failed ...
+  Connection refused`` or hangs. :func:`torchrun` therefore sets
+  ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (pass ``env=`` to override): each
+  attempt's rank 0 then hosts a fresh store on a fresh port. On a cluster,
+  export the same variable before ``torchrun``.
+* **Late joiners.** ``join_when="text"`` starts node 0 at once and the other
+  nodes only after a worker printed a line containing ``text``: a machine
+  joining a running elastic job (``--nnodes=1:2``), on cue.
 """
 
 from __future__ import annotations
@@ -25,6 +49,7 @@ import contextlib
 import os
 import re
 import selectors
+import shlex
 import shutil
 import signal
 import subprocess
@@ -33,16 +58,46 @@ import tempfile
 import time
 from typing import Mapping, Sequence
 
+import psutil
+
 from ._env import DDPKIT_MARKER, DDPKIT_PG_TIMEOUT, TORCHRUN_VARIABLES
 from ._launch import _free_port
 from ._output import Relay
 
 _WORKER_LINE = re.compile(r"^\[rank(\d+)\]: ?(.*)$")
 _LOG_FLAGS = ("--tee", "-t", "--redirects", "-r", "--log-dir", "--log_dir")
+_AGENT_LOGS = ("show", "clean", "hide")
+#: Our default for every run: a fresh rendezvous store per attempt (see the module docstring).
+RESTART_SAFE_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+_CLEAN = [  # what changes from run to run in an agent's message, and what to show instead
+    (re.compile(r"^([IWEF])\d{4} [\d:.]+ +\d+ \S+:\d+\] "), r"\1 "),  # glog prefix: level, time, pid, file:line
+    (re.compile(r"(pid:? )\d+|(PID )\d+|(process )\d+", re.I), lambda m: (m[1] or m[2] or m[3]) + "<pid>"),
+    (re.compile(r"^(\s*time\s*:\s*)\S+"), r"\1<time>"),
+    (re.compile(r"^(\s*host\s*:\s*)\S+"), r"\1<host>"),
+    (re.compile(r"(of binary: )\S+"), r"\1<python>"),
+    (re.compile(r"((?:localhost|127\.0\.0\.1)[:_])\d+"), r"\1<port>"),
+]
+
+
+def _clean(text: str, in_traceback: list[bool]) -> str | None:
+    """One agent line with the run-specific details blanked; ``None`` to drop it (the agent's own traceback)."""
+    if text == "Traceback (most recent call last):":
+        in_traceback[0] = True
+    if in_traceback[0]:
+        if not re.match(r"^[\w.]+(Error|Exception)\b", text):
+            return None
+        in_traceback[0] = False
+    for pattern, replacement in _CLEAN:
+        text = pattern.sub(replacement, text)
+    return text.rstrip()
 
 
 def _stop_sessions(agents: list[subprocess.Popen], grace: float = 3.0) -> None:
-    """SIGTERM every agent's whole process group (agent + workers), then SIGKILL what is left."""
+    """SIGTERM every agent's session, then SIGKILL what is left, including workers in sessions of their own."""
+    family: list[psutil.Process] = []
+    for a in agents:
+        with contextlib.suppress(psutil.Error):
+            family += psutil.Process(a.pid).children(recursive=True)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for a in agents:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -52,34 +107,44 @@ def _stop_sessions(agents: list[subprocess.Popen], grace: float = 3.0) -> None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 a.wait(max(0.0, deadline - time.monotonic()))
         if all(a.poll() is not None for a in agents):
-            # the agents are gone; make sure no worker of theirs survives either
-            for a in agents:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(a.pid, signal.SIGKILL)
-            return
+            break
+    # the agents are gone; no worker (each has its own session) or worker's child may survive them
+    for p in family:
+        with contextlib.suppress(psutil.Error):
+            if p.is_running():  # is_running also guards against a reused pid
+                p.kill()
+    psutil.wait_procs(family, timeout=grace)
 
 
 def torchrun(
-    code: str,
+    code: str | os.PathLike,
     *args: str,
     nodes: int = 1,
     script_args: Sequence[str] = (),
     timeout: float | None = 120.0,
     env: Mapping[str, str | None] | None = None,
+    agent_log: str | list = "show",
+    join_when: str | None = None,
 ) -> int:
     """Run ``torchrun *args train.py *script_args`` on the script ``code``; return the exit status.
 
-    ``nodes`` agents are started (one per simulated machine); in ``args``,
-    ``{port}`` is replaced by a free loopback port and ``{node_rank}`` by
-    each agent's node number. The script runs in a private temporary
-    directory that is deleted afterwards (pass absolute paths in
-    ``script_args`` for files that must outlive the run). ``env`` adds or
-    removes (``None``) variables for the agents. Raises ``TimeoutError``
+    ``code`` is the script's source, or a path to a script file. ``nodes``
+    agents are started (one per simulated machine); in ``args``, ``{port}``
+    is replaced by a free loopback port and ``{node_rank}`` by each agent's
+    node number. With ``join_when``, nodes 1, 2, ... start only once a
+    worker printed a line containing that text. The script runs in a
+    private temporary directory that is deleted afterwards (pass absolute
+    paths in ``script_args`` for files that must outlive the run). ``env``
+    adds or removes (``None``) variables for the agents, on top of
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (reliable restarts).
+    ``agent_log``: ``"show"`` the agents' lines as they are, ``"clean"``
+    them of times, pids, hosts and ports, ``"hide"`` them, or pass a list
+    to collect them (raw) instead of printing. Raises ``TimeoutError``
     after ``timeout`` seconds, having stopped everything.
 
     >>> import ddpkit
     >>> code = "import os; print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'])"
-    >>> ddpkit.torchrun(code, "--standalone", "--nproc_per_node=2")
+    >>> ddpkit.torchrun(code, "--standalone", "--nproc_per_node=2", agent_log="hide")
     [rank0]: rank 0 of 2
     [rank1]: rank 1 of 2
     0
@@ -88,13 +153,20 @@ def torchrun(
         raise ValueError(f"nodes must be a whole number >= 1, got {nodes!r}")
     if timeout is not None and not timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+    if isinstance(code, os.PathLike):
+        with open(code, encoding="utf-8") as f:
+            code = f.read()
     if not isinstance(code, str) or not code.strip():
-        raise ValueError("code must be the source of a Python script (a non-empty string)")
+        raise ValueError("code must be the source of a Python script (a non-empty string) or a path to one")
     if nodes > 1 and not any("{node_rank}" in a or "rdzv" in a for a in args):
         raise ValueError(
             f"nodes={nodes} agents need to know which machine they are: add '--node_rank={{node_rank}}' "
             "(static rendezvous) or '--rdzv-backend=c10d' to the torchrun arguments."
         )
+    if not isinstance(agent_log, list) and agent_log not in _AGENT_LOGS:
+        raise ValueError(f"agent_log must be one of {_AGENT_LOGS} or a list to collect the lines, got {agent_log!r}")
+    if join_when is not None and nodes < 2:
+        raise ValueError("join_when delays nodes 1, 2, ...: it needs nodes >= 2")
     tmpdir = tempfile.mkdtemp(prefix="ddpkit-torchrun-")
     agents: list[subprocess.Popen] = []
     try:
@@ -106,13 +178,15 @@ def torchrun(
         for k in (DDPKIT_MARKER, DDPKIT_PG_TIMEOUT):
             agent_env.pop(k, None)
         agent_env.update(TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE="[rank${rank}]: ", PYTHONUNBUFFERED="1")
+        agent_env.update(RESTART_SAFE_ENV)
         for k, v in (env or {}).items():
             if v is None:
                 agent_env.pop(k, None)
             else:
                 agent_env[k] = str(v)
         logging = [] if any(a.split("=")[0] in _LOG_FLAGS for a in args) else ["--tee=3", f"--log-dir={tmpdir}/logs"]
-        for node in range(nodes):
+
+        def start(node: int) -> subprocess.Popen:
             node_args = [a.replace("{port}", port).replace("{node_rank}", str(node)) for a in args]
             cmd = [sys.executable, "-m", "torch.distributed.run", *node_args, *logging, script, *map(str, script_args)]
             agents.append(
@@ -121,7 +195,12 @@ def torchrun(
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                 )
             )
-        return _relay_until_done(agents, timeout)
+            return agents[-1]
+
+        for node in range(1 if join_when is not None else nodes):
+            start(node)
+        later = list(range(1, nodes)) if join_when is not None else []
+        return _relay_until_done(agents, start, later, join_when, timeout, agent_log, tmpdir)
     finally:
         _stop_sessions(agents)
         for a in agents:
@@ -131,17 +210,22 @@ def torchrun(
         shutil.rmtree(tmpdir, ignore_errors=True)
 
 
-def _relay_until_done(agents: list[subprocess.Popen], timeout: float | None) -> int:
+def _relay_until_done(agents, start, later, join_when, timeout, agent_log, tmpdir) -> int:
     relay = Relay()
     partial: dict[tuple[int, str], bytes] = {}
-    start = time.monotonic()
+    in_traceback: dict[int, list[bool]] = {}
+    begin = time.monotonic()
     with selectors.DefaultSelector() as sel:
-        for node, a in enumerate(agents):
+
+        def watch(node: int, a: subprocess.Popen) -> None:
             sel.register(a.stdout, selectors.EVENT_READ, (node, "out"))
             sel.register(a.stderr, selectors.EVENT_READ, (node, "err"))
+
+        for node, a in enumerate(agents):
+            watch(node, a)
         try:
             while sel.get_map():
-                if timeout is not None and time.monotonic() - start > timeout:
+                if timeout is not None and time.monotonic() - begin > timeout:
                     raise TimeoutError(
                         f"torchrun did not finish within timeout={timeout:g} s; every agent and worker was "
                         "stopped. Pass a larger timeout= if the script is simply long."
@@ -154,13 +238,95 @@ def _relay_until_done(agents: list[subprocess.Popen], timeout: float | None) -> 
                         data = b"\n" if partial.get((node, stream)) else b""
                     *lines, partial[(node, stream)] = (partial.get((node, stream), b"") + data).split(b"\n")
                     for raw in lines:
-                        text = raw.decode("utf-8", "replace")
+                        text = raw.decode("utf-8", "replace").replace(tmpdir + os.sep, "")
                         match = _WORKER_LINE.match(text)
                         if match:
                             relay.line(("rank", int(match.group(1))), stream, match.group(2))
-                        else:
+                            if later and join_when in match.group(2):
+                                for n in later:
+                                    watch(n, start(n))
+                                later = []
+                        elif isinstance(agent_log, list):
+                            agent_log.append(text)
+                        elif agent_log == "show":
                             relay.line(("agent", node), stream, text)
+                        elif agent_log == "clean":
+                            cleaned = _clean(text, in_traceback.setdefault(node, [False]))
+                            if cleaned is not None:
+                                relay.line(("agent", node), stream, cleaned)
         finally:
             relay.finish()
+    if later:
+        raise RuntimeError(f"the run ended before any worker printed {join_when!r}, so nodes {later} never started")
     codes = [a.wait() for a in agents]
     return next((c for c in codes if c != 0), 0)
+
+
+# --------------------------------------------------------------------------- the %%torchrun cell magic
+
+_MAGIC_OPTIONS = {"--nodes": int, "--timeout": float, "--agent-log": str, "--join-when": str}
+
+
+def _parse_magic_line(line: str) -> tuple[list[str], dict, list[str]]:
+    """Split a ``%%torchrun`` line into torchrun's arguments, ddpkit's options and the script's arguments.
+
+    >>> _parse_magic_line("--standalone --nproc_per_node=2 --agent-log=hide --timeout 30 -- data.txt")
+    (['--standalone', '--nproc_per_node=2'], {'agent_log': 'hide', 'timeout': 30.0}, ['data.txt'])
+    """
+    words = shlex.split(line)
+    script_args: list[str] = []
+    if "--" in words:
+        at = words.index("--")
+        words, script_args = words[:at], words[at + 1:]
+    args, options = [], {}
+    while words:
+        word = words.pop(0)
+        name, eq, value = word.partition("=")
+        if name in _MAGIC_OPTIONS:
+            if not eq:
+                if not words:
+                    raise ValueError(f"%%torchrun option {name} needs a value")
+                value = words.pop(0)
+            options[name[2:].replace("-", "_")] = _MAGIC_OPTIONS[name](value)
+        else:
+            args.append(word)
+    return args, options, script_args
+
+
+def _torchrun_magic(line: str, cell: str) -> int:
+    """%%torchrun [--nodes N] [--timeout S] [--agent-log show|clean|hide] [--join-when TEXT] TORCHRUN_ARGS [-- SCRIPT_ARGS]
+
+    Run the cell as a script under the real torchrun (see ``ddpkit.torchrun``);
+    the cell's value is the exit status. ``{port}`` and ``{node_rank}`` in
+    the line are ddpkit's placeholders (no ``$var`` or ``{var}`` expansion).
+    """
+    args, options, script_args = _parse_magic_line(line)
+    return torchrun(cell, *args, script_args=script_args, **options)
+
+
+_torchrun_magic._ipython_magic_no_var_expand = True  # what IPython's @no_var_expand sets: {port} stays {port}
+
+
+def register_magics(ipython=None) -> bool:
+    """Add the ``%%torchrun`` cell magic to IPython; return whether there was an IPython to add it to.
+
+    ``%load_ext ddpkit`` does the same. Outside IPython it does nothing:
+
+    >>> import ddpkit
+    >>> ddpkit.register_magics()
+    False
+    """
+    if ipython is None:
+        with contextlib.suppress(ImportError):
+            from IPython import get_ipython
+
+            ipython = get_ipython()
+    if ipython is None:
+        return False
+    ipython.register_magic_function(_torchrun_magic, magic_kind="cell", magic_name="torchrun")
+    return True
+
+
+def load_ipython_extension(ipython) -> None:
+    """``%load_ext ddpkit``: register the ``%%torchrun`` cell magic."""
+    register_magics(ipython)

@@ -133,6 +133,25 @@ def test_spawn_start_method_works_too():
     assert ddpkit.launch(work, 2, start_method="spawn") == [2.0, 2.0]
 
 
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_tracebacks_show_the_notebook_cell_source(start_method):
+    import linecache
+
+    source = "def check(x):\n    assert x > 1, 'x must be above one'\n    return x\n"
+    filename = "/tmp/ipykernel_0/cell-that-is-not-on-disk.py"  # how IPython names a cell
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    try:
+        namespace = {"__name__": "__notebook_cell__"}
+        exec(compile(source, filename, "exec"), namespace)
+        with pytest.raises(ddpkit.RankFailedError) as info:
+            ddpkit.launch(namespace["check"], 1, args=(0,), init_process_group=False, start_method=start_method)
+    finally:
+        del linecache.cache[filename]
+    tb = info.value.root_cause.traceback
+    assert f'File "{filename}", line 2, in check' in tb
+    assert "assert x > 1, 'x must be above one'" in tb
+
+
 def test_fork_after_parent_ran_multithreaded_op_does_not_deadlock():
     torch.set_num_threads(2)
     x = torch.randn(1024, 1024)
@@ -377,3 +396,12 @@ def test_rendezvous_listens_on_loopback_only():
     for addrs in ddpkit.launch(work, 3):
         assert addrs, "gloo should be listening for its peers"
         assert all(a.ip in ("127.0.0.1", "::1") for a in addrs), addrs
+
+
+def test_summary_is_the_first_line_of_a_multi_line_error():
+    def work():
+        raise RuntimeError("the real problem\nsome advice on a second line")
+
+    with pytest.raises(ddpkit.RankFailedError) as info:
+        ddpkit.launch(work, 1, init_process_group=False)
+    assert info.value.root_cause.summary == "RuntimeError: the real problem"

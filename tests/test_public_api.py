@@ -3,6 +3,13 @@
 import ddpkit
 
 EXPECTED = {
+    "Digits",
+    "Score",
+    "digits_mlp",
+    "exact_accuracy",
+    "load_digits",
+    "max_abs_diff",
+    "measure_throughput",
     "BandwidthRow",
     "bandwidth_table",
     "bus_factor",
@@ -17,6 +24,7 @@ EXPECTED = {
     "dist_env",
     "launch",
     "patched_environ",
+    "register_magics",
     "setup_distributed",
     "torchrun",
     "torchrun_environ",

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -28,12 +29,9 @@ dist.destroy_process_group()
 
 
 def _torchrun_processes() -> list[psutil.Process]:
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if "torch.distributed.run" in cmd or "ddpkit-torchrun-" in cmd:
-            found.append(p)
-    return found
+    """Agents and workers of this test run: their command line names a script in our private TMPDIR."""
+    mine = os.path.join(tempfile.gettempdir(), "ddpkit-torchrun-")
+    return [p for p in psutil.process_iter(["cmdline"]) if mine in " ".join(p.info["cmdline"] or [])]
 
 
 def test_standalone_run_relays_worker_lines_in_rank_order(capfd):
@@ -106,3 +104,103 @@ def test_interrupt_stops_every_agent_and_worker(tmp_path):
         proc.kill()
         proc.wait()
         proc.stdout.close()
+
+
+FAILS_EVERY_TIME = """
+import os, time
+print(f"attempt {os.environ['TORCHELASTIC_RESTART_COUNT']} of {1 + int(os.environ['TORCHELASTIC_MAX_RESTARTS'])}")
+if os.environ["RANK"] == "1":
+    raise ValueError("worker one is broken")
+time.sleep(60)  # rank 0 waits until the agent stops it
+"""
+
+
+def test_clean_agent_log_gives_the_same_root_cause_report_every_time(capfd):
+    assert ddpkit.torchrun(FAILS_EVERY_TIME, "--standalone", "--nproc_per_node=2", "--max-restarts=1",
+                           agent_log="clean") == 1
+    out, err = capfd.readouterr()
+    assert out == "[rank0]: attempt 0 of 2\n[rank0]: attempt 1 of 2\n[rank1]: attempt 0 of 2\n[rank1]: attempt 1 of 2\n"
+    agent = [line for line in err.splitlines() if line.startswith("[agent0]: ")]
+    assert "[agent0]: E failed (exitcode: 1) local_rank: 1 (pid: <pid>) of binary: <python>" in agent
+    assert "[agent0]: train.py FAILED" in agent  # the private temp dir is not shown
+    root = agent.index("[agent0]: Root Cause (first observed failure):")
+    assert agent[root + 2:root + 5] == [
+        "[agent0]:   time      : <time>", "[agent0]:   host      : <host>", "[agent0]:   rank      : 1 (local_rank: 1)",
+    ]
+    assert not any(line.startswith("[agent0]:   File ") for line in agent)  # the agent's own traceback is gone
+    assert err.count('[rank1]:   File "train.py", line 5, in <module>') == 2
+    assert not _torchrun_processes()
+
+
+def test_agent_log_can_be_hidden_or_collected_and_code_can_be_a_path(tmp_path, capfd):
+    script = tmp_path / "hello.py"
+    script.write_text("import os\nprint('hello from', os.environ['RANK'])\n")
+    lines: list[str] = []
+    assert ddpkit.torchrun(script, "--standalone", "--nproc_per_node=2", agent_log=lines) == 0
+    out, err = capfd.readouterr()
+    assert out == "[rank0]: hello from 0\n[rank1]: hello from 1\n" and err == ""
+    assert any("OMP_NUM_THREADS" in line for line in lines)
+    with pytest.raises(ValueError, match="agent_log"):
+        ddpkit.torchrun("pass", agent_log="loud")
+    with pytest.raises(ValueError, match="join_when"):
+        ddpkit.torchrun("pass", join_when="ready")
+
+
+def test_magic_line_parsing_and_registration_outside_ipython():
+    from ddpkit._torchrun import _parse_magic_line
+
+    assert _parse_magic_line("--nodes=2 --nnodes=2 --node_rank={node_rank} --join-when 'world size 2'") == (
+        ["--nnodes=2", "--node_rank={node_rank}"], {"nodes": 2, "join_when": "world size 2"}, [],
+    )
+    with pytest.raises(ValueError, match="needs a value"):
+        _parse_magic_line("--standalone --timeout")
+    assert ddpkit.register_magics() is False
+
+
+def test_cell_magic_in_an_ipython_shell(tmp_path):
+    driver = tmp_path / "shell.py"
+    driver.write_text(textwrap.dedent('''
+        from IPython.core.interactiveshell import InteractiveShell
+        shell = InteractiveShell.instance()
+        shell.run_line_magic("load_ext", "ddpkit")
+        port = "not a placeholder"  # {port} in a %%torchrun line is ddpkit's, not a Python expression
+        result = shell.run_cell(
+            "%%torchrun --standalone --nproc_per_node=2 --agent-log=hide --master_port={port} -- a b\\n"
+            "import os, sys\\n"
+            "print(os.environ['RANK'], sys.argv[1:])\\n"
+        )
+        print("status", result.result)
+    '''))
+    done = subprocess.run([sys.executable, str(driver)], capture_output=True, text=True, timeout=120)
+    # the shell displays the cell's value, the exit status, as Out[0]
+    assert done.stdout.splitlines() == ["[rank0]: 0 ['a', 'b']", "[rank1]: 1 ['a', 'b']", "Out[0]: 0", "status 0"], done
+
+
+SCALE_UP = """
+import time, torch, torch.distributed as dist
+import ddpkit
+env = ddpkit.setup_distributed()
+print(f"world size {env.world_size}, restart count {env.restart_count}")
+if env.world_size < 4:
+    time.sleep(120)  # the agent stops us when a second machine joins
+t = torch.ones(1)
+dist.all_reduce(t)
+print(f"sum {t.item():g}")
+dist.destroy_process_group()
+"""
+
+
+def test_a_late_machine_joins_and_the_group_grows_without_using_a_restart(capfd):
+    code = ddpkit.torchrun(
+        SCALE_UP, "--nnodes=1:2", "--nproc_per_node=2", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:{port}",
+        "--rdzv-conf=last_call_timeout=1", nodes=2, join_when="world size 2", agent_log="hide", timeout=100,
+    )
+    assert code == 0
+    out, _ = capfd.readouterr()
+    assert out.splitlines() == [
+        "[rank0]: world size 2, restart count 0", "[rank0]: world size 4, restart count 0", "[rank0]: sum 4",
+        "[rank1]: world size 2, restart count 0", "[rank1]: world size 4, restart count 0", "[rank1]: sum 4",
+        "[rank2]: world size 4, restart count 0", "[rank2]: sum 4",
+        "[rank3]: world size 4, restart count 0", "[rank3]: sum 4",
+    ]
+    assert not _torchrun_processes()

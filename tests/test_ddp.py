@@ -1,0 +1,126 @@
+"""Chapter 04's and 05's central claims, run for real through ddpkit.launch (real processes, gloo, DDP).
+
+1. DDP with N ranks at per-rank batch B gives the parameters of one process at batch N*B from the same
+   start (float rounding apart), and the replicas stay bit-identical after every step.
+2. ddpkit.exact_accuracy across N ranks equals the single-process accuracy exactly, where a padded
+   DistributedSampler would count duplicates.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo  # noqa: F401  -- DDP's constructor imports it; once here, not in every forked rank
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.nn.utils import parameters_to_vector
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+import ddpkit
+
+STEPS, PER_RANK, LR = 20, 16, 0.1
+
+
+def ddp_sgd(steps=STEPS, per_rank_batch=PER_RANK, lr=LR):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    data = ddpkit.load_digits()
+    torch.manual_seed(100 + rank)  # different RNG states per rank: DDP's broadcast must equalise the start
+    model = DDP(ddpkit.digits_mlp(seed=None if rank else 0))
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    identical_steps = 0
+    for step in range(steps):
+        first = (step * world + rank) * per_rank_batch
+        x, y = data.x_train[first:first + per_rank_batch], data.y_train[first:first + per_rank_batch]
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        flat = parameters_to_vector(model.parameters()).detach()
+        replicas = [torch.empty_like(flat) for _ in range(world)]
+        dist.all_gather(replicas, flat)
+        identical_steps += all(torch.equal(replicas[0], r) for r in replicas)
+    return identical_steps, model.module.state_dict()
+
+
+def one_process_sgd(batch, steps=STEPS, lr=LR):
+    data = ddpkit.load_digits()
+    model = ddpkit.digits_mlp(seed=0)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    for step in range(steps):
+        x, y = data.x_train[step * batch:(step + 1) * batch], data.y_train[step * batch:(step + 1) * batch]
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    return model.state_dict()
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_ddp_equals_one_process_at_n_times_the_batch(world_size, no_leaks):
+    results = ddpkit.launch(ddp_sgd, world_size, timeout=120)
+    assert [identical for identical, _ in results] == [STEPS] * world_size  # bit-identical after every step
+    final = results[0][1]
+    big_batch = ddpkit.max_abs_diff(final, one_process_sgd(batch=world_size * PER_RANK))
+    small_batch = ddpkit.max_abs_diff(final, one_process_sgd(batch=PER_RANK))
+    assert big_batch < 1e-6  # measured ~1.5e-8 .. 5e-8: float32 summation order only
+    assert small_batch > 1e-3  # the comparison can tell different computations apart (measured ~2e-2)
+
+
+def trained_model():
+    data = ddpkit.load_digits()
+    model = ddpkit.digits_mlp(seed=0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        order = torch.randperm(len(data.x_train), generator=gen)
+        for start in range(0, len(order), 64):
+            idx = order[start:start + 64]
+            opt.zero_grad()
+            F.cross_entropy(model(data.x_train[idx]), data.y_train[idx]).backward()
+            opt.step()
+    return model
+
+
+def evaluate_both_ways(model, wrap_in_ddp):
+    data = ddpkit.load_digits()
+    test_set = TensorDataset(data.x_test, data.y_test)
+    # the usual way: a padded DistributedSampler and all-reduced counts
+    sampler = DistributedSampler(test_set, shuffle=False)
+    correct = total = 0
+    with torch.no_grad():
+        for x, y in DataLoader(test_set, batch_size=64, sampler=sampler):
+            correct += int((model(x).argmax(1) == y).sum())
+            total += len(y)
+    counts = torch.tensor([correct, total])
+    dist.all_reduce(counts)
+    padded = ddpkit.Score(int(counts[0]), int(counts[1]))
+    exact = ddpkit.exact_accuracy(DDP(model) if wrap_in_ddp else model, data.x_test, data.y_test)
+    return padded, exact
+
+
+@pytest.mark.parametrize("world_size,wrap_in_ddp", [(2, False), (3, False), (4, False), (4, True)])
+def test_exact_accuracy_across_ranks_equals_single_process(world_size, wrap_in_ddp, no_leaks):
+    model = trained_model()
+    data = ddpkit.load_digits()
+    truth = ddpkit.exact_accuracy(model, data.x_test, data.y_test)  # no process group: one process
+    assert truth.total == 357 and 0 < truth.correct < 357
+    manual = int((model(data.x_test).argmax(1) == data.y_test).sum())
+    assert truth.correct == manual
+
+    results = ddpkit.launch(evaluate_both_ways, world_size, args=(model, wrap_in_ddp), timeout=120)
+    padded_total = -(-357 // world_size) * world_size
+    for padded, exact in results:
+        assert exact == truth  # integer counts: exactly the single-process result, on every rank
+        assert padded.total == padded_total  # what the padded sampler would have counted instead
+        if padded_total != 357:
+            assert padded.accuracy != truth.accuracy
+
+
+def test_measure_throughput_agrees_across_ranks():
+    def work():
+        data = ddpkit.load_digits()
+        model = DDP(ddpkit.digits_mlp(seed=0))
+        return ddpkit.measure_throughput(model, data.x_train, data.y_train, batch_size=32, steps=5, warmup=1)
+
+    rates = ddpkit.launch(work, 2, timeout=120)
+    assert rates[0] == rates[1] > 0  # one number for the group: the slowest rank's time counts
