@@ -57,6 +57,18 @@ STOP_GRACE = 0.5  # seconds between SIGTERM and SIGKILL when stopping ranks
 # --------------------------------------------------------------------------- checks
 
 
+def check_count(name: str, value: object) -> None:
+    """Refuse anything but a whole number >= 1 (``True`` included) for ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+
+
+def check_timeout(timeout: object) -> None:
+    """Refuse a timeout that is neither a positive number of seconds nor ``None``."""
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+
+
 def _check_backend(backend: str, local_world_size: int) -> None:
     import torch
     import torch.distributed as dist
@@ -244,16 +256,14 @@ def launch(
     """
     # --- validate everything before starting anything
     kwargs = {} if kwargs is None else kwargs
-    for name, value in (("world_size", world_size), ("nnodes", nnodes)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+    check_count("world_size", world_size)
+    check_count("nnodes", nnodes)
     if world_size % nnodes:
         raise ValueError(
             f"world_size={world_size} is not divisible by nnodes={nnodes}: every machine runs the "
             f"same number of processes. Try world_size={nnodes * max(1, round(world_size / nnodes))}."
         )
-    if timeout is not None and not timeout > 0:
-        raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+    check_timeout(timeout)
     extra = {str(k): (None if v is None else str(v)) for k, v in (env or {}).items()}
     threads_text = extra.get("OMP_NUM_THREADS") or "1"
     if not threads_text.isdigit() or int(threads_text) < 1:

@@ -61,7 +61,7 @@ from typing import Mapping, Sequence
 import psutil
 
 from ._env import DDPKIT_MARKER, DDPKIT_PG_TIMEOUT, TORCHRUN_VARIABLES
-from ._launch import _free_port
+from ._launch import _free_port, check_count, check_timeout
 from ._output import Relay
 
 _WORKER_LINE = re.compile(r"^\[rank(\d+)\]: ?(.*)$")
@@ -149,10 +149,8 @@ def torchrun(
     [rank1]: rank 1 of 2
     0
     """
-    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
-        raise ValueError(f"nodes must be a whole number >= 1, got {nodes!r}")
-    if timeout is not None and not timeout > 0:
-        raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+    check_count("nodes", nodes)
+    check_timeout(timeout)
     if isinstance(code, os.PathLike):
         with open(code, encoding="utf-8") as f:
             code = f.read()
