@@ -16,7 +16,12 @@ on a laptop CPU:
   and :func:`plot_bandwidth` measure and draw collectives (chapter 03);
 * :func:`load_digits`, :func:`digits_mlp`, :func:`exact_accuracy`,
   :func:`max_abs_diff` and :func:`measure_throughput` are the data and
-  checks of the training chapters (04 and 05).
+  checks of the training chapters (04 and 05);
+* :func:`experiment` builds a chapter's experiment (controls, a Run button,
+  pictures drawn thread-safely inside the widget) and :func:`progress` shows
+  a live bar per rank during a long launch (every chapter);
+* ``python -m ddpkit doctor`` checks a machine before class, and
+  ``python -m ddpkit lab`` then opens the chapters in JupyterLab.
 
 >>> import ddpkit
 >>> ddpkit.launch(lambda: ddpkit.dist_env().rank, world_size=3)
@@ -25,28 +30,33 @@ on a laptop CPU:
 
 from ._bench import BandwidthRow, bandwidth_table, bus_factor, collective_bandwidth, copy_bandwidth
 from ._data import Digits, digits_mlp, load_digits
-from ._env import DistEnv, dist_env, patched_environ, setup_distributed, torchrun_environ
+from ._env import DistEnv, check_recorded_version, dist_env, patched_environ, setup_distributed, torchrun_environ
 from ._errors import LaunchTimeoutError, RankFailedError, RankFailure
 from ._launch import launch
 from ._plot import plot_bandwidth, plot_ranks
+from ._progress import progress
 from ._torchrun import load_ipython_extension, register_magics, torchrun
 from ._train import Score, exact_accuracy, max_abs_diff, measure_throughput
+from ._widgets import Experiment, experiment
 
 __all__ = [
     "BandwidthRow",
     "Digits",
     "DistEnv",
+    "Experiment",
     "LaunchTimeoutError",
     "RankFailedError",
     "RankFailure",
     "Score",
     "bandwidth_table",
     "bus_factor",
+    "check_recorded_version",
     "collective_bandwidth",
     "copy_bandwidth",
     "digits_mlp",
     "dist_env",
     "exact_accuracy",
+    "experiment",
     "launch",
     "load_digits",
     "max_abs_diff",
@@ -54,6 +64,7 @@ __all__ = [
     "patched_environ",
     "plot_bandwidth",
     "plot_ranks",
+    "progress",
     "register_magics",
     "setup_distributed",
     "torchrun",

@@ -41,6 +41,26 @@ def _die_with_parent() -> None:
         pass
 
 
+def _name_process(rank: int, world_size: int) -> None:
+    """Show up in ``ps``/``top`` as ``ddpkit rank 1/4``, not as a copy of the notebook kernel."""
+    title = f"ddpkit rank {rank}/{world_size}"
+    try:
+        import setproctitle
+
+        setproctitle.setproctitle(title)  # the whole command line, as ps -ef shows it
+        return
+    except ImportError:  # pragma: no cover - setproctitle is a dependency
+        pass
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            PR_SET_NAME = 15
+            ctypes.CDLL(None).prctl(PR_SET_NAME, title.encode()[:15])  # the short name, as ps -e shows it
+        except Exception:  # pragma: no cover
+            pass
+
+
 def _redirect(out_conn, err_conn) -> None:
     os.dup2(out_conn.fileno(), 1)
     os.dup2(err_conn.fileno(), 2)
@@ -105,6 +125,7 @@ def main(rank: int, world_size: int, payload, conns: tuple, opts: dict) -> None:
     """Entry point of one rank (the target of its ``multiprocessing.Process``)."""
     out_conn, err_conn, stack_conn, result_conn = conns
     _die_with_parent()
+    _name_process(rank, world_size)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher handles Ctrl-C / kernel interrupt
     _redirect(out_conn, err_conn)
     faulthandler.enable(file=stack_conn.fileno(), all_threads=True)
@@ -113,6 +134,9 @@ def main(rank: int, world_size: int, payload, conns: tuple, opts: dict) -> None:
     import cloudpickle
     import torch
 
+    from . import _progress
+
+    _progress._conn = result_conn  # ddpkit.progress() reports to the launcher through it
     torch.set_num_threads(opts["threads"])
     code = 0
     try:

@@ -281,3 +281,26 @@ def setup_distributed(backend: str | None = None, timeout: float | None = None) 
         timeout=datetime.timedelta(seconds=timeout),
     )
     return env
+
+
+#: What the chapters' saved outputs were recorded with (``python -m ddpkit doctor`` compares too).
+RECORDED_WITH = {"python": "3.11", "torch": "2.13.0"}
+
+
+def check_recorded_version() -> None:
+    """Say so when this PyTorch differs from the one the chapters' outputs were recorded with.
+
+    Prints nothing when the versions agree, so a chapter's saved output stays
+    the same; on another version, the note tells the learner why numbers and
+    messages may differ from the saved ones.
+
+    >>> check_recorded_version()  # PyTorch 2.13.0 here: nothing to say
+    """
+    import torch
+
+    have = torch.__version__.split("+")[0]
+    if have != RECORDED_WITH["torch"]:
+        print(
+            f"Note: this chapter's outputs were recorded with PyTorch {RECORDED_WITH['torch']}; you run {have}. "
+            "Messages, defaults and timings may differ from the saved outputs."
+        )

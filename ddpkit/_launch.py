@@ -47,6 +47,7 @@ from . import _child
 from ._env import DDPKIT_MARKER, DDPKIT_PG_TIMEOUT, patched_environ, torchrun_environ
 from ._errors import LaunchTimeoutError, RankFailedError, RankFailure, classify, describe_exitcode, trim_stack
 from ._output import Relay
+from ._progress import ProgressBars
 
 _BACKENDS = ("gloo", "nccl", "mpi")
 _START_METHODS = ("auto", "fork", "spawn", "forkserver")
@@ -324,6 +325,13 @@ def launch(
             return _supervise(procs, readers, world_size, nnodes, timeout)
         except (RankFailedError, LaunchTimeoutError) as exc:
             raise exc.with_traceback(None)  # the ranks' tracebacks are in the message; skip the launcher's loop
+        except KeyboardInterrupt:
+            running = [rank for rank, p in enumerate(procs) if p.exitcode is None]
+            # one line instead of a traceback through the launcher's event loop; `finally` stops them
+            raise KeyboardInterrupt(
+                f"ddpkit.launch interrupted: stopped {_ranks_text(running)} of {world_size} (still running)"
+                if running else f"ddpkit.launch interrupted after all {world_size} ranks had ended"
+            ).with_traceback(None) from None
     finally:
         _stop(procs)
         for conn in readers:
@@ -334,9 +342,15 @@ def launch(
         shutil.rmtree(tmpdir, ignore_errors=True)
 
 
+def _ranks_text(ranks: list[int]) -> str:
+    """``rank 2`` / ``ranks 0, 1, 3``."""
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+
+
 def _supervise(procs: list, readers: dict, world_size: int, nnodes: int, timeout: float | None) -> list:
     per_node = world_size // nnodes
     relay = Relay()
+    bars = ProgressBars(world_size)
     stacks = {r: b"" for r in range(world_size)}
     results: dict[int, Any] = {}
     errors: dict[int, tuple[str, str]] = {}
@@ -352,7 +366,9 @@ def _supervise(procs: list, readers: dict, world_size: int, nnodes: int, timeout
         try:
             if kind == "result":
                 message = cloudpickle.loads(conn.recv_bytes())
-                if message[0] == "ok":
+                if message[0] == "progress":
+                    bars.update(rank, *message[1:])
+                elif message[0] == "ok":
                     results[rank] = message[1]
                 else:
                     errors[rank] = (message[1], message[2])
@@ -422,6 +438,7 @@ def _supervise(procs: list, readers: dict, world_size: int, nnodes: int, timeout
                         first_failure = time.monotonic()
     finally:
         relay.finish()
+        bars.finish(failed=failures, stopped=[r for r in range(world_size) if r not in exited])
     if failures:
         stopped = [r for r in range(world_size) if r not in exited]
         raise RankFailedError(list(failures.values()), stopped, world_size)

@@ -73,3 +73,77 @@ class Relay:
             for stream, text in self.held[source]:
                 self._write(stream, text)
         self.held.clear()
+
+
+# --------------------------------------------------------------------------- sinks (experiments)
+#
+# A widget callback (an experiment's Run button) may run on another thread than
+# the cell (ipykernel 7 runs JupyterLab's widget messages on a subshell thread).
+# Output printed there must land in the experiment's own Output widget, not in
+# whatever cell the kernel last ran. A *sink* is where one thread's output goes:
+# ``routed_output(sink)`` sends this thread's sys.stdout/stderr writes, and the
+# launcher's progress bars, to ``sink`` while other threads keep their streams.
+
+import contextlib
+import threading
+
+_local = threading.local()
+_route_lock = threading.Lock()
+
+
+def current_sink():
+    """The sink this thread's output goes to, or None (then output goes to the cell)."""
+    return getattr(_local, "sink", None)
+
+
+class _Routed:
+    """A stand-in for sys.stdout/stderr that sends one thread's writes to its sink."""
+
+    def __init__(self, original, name: str):
+        self.original = original
+        self.name = name
+
+    def write(self, text: str) -> int:
+        sink = current_sink()
+        if sink is None:
+            return self.original.write(text)
+        sink.write(self.name, text)
+        return len(text)
+
+    def flush(self) -> None:
+        if current_sink() is None:
+            self.original.flush()
+
+    def __getattr__(self, attr):
+        return getattr(self.original, attr)
+
+
+@contextlib.contextmanager
+def routed_output(sink):
+    """Send this thread's stdout/stderr writes (and launch progress bars) to ``sink`` for the block.
+
+    ``sink`` has ``write(stream, text)`` (stream is ``"stdout"`` or ``"stderr"``)
+    and ``show(widget)``.
+
+    >>> class Collect:
+    ...     def __init__(self): self.parts = []
+    ...     def write(self, stream, text): self.parts.append((stream, text))
+    ...     def show(self, widget): pass
+    >>> sink = Collect()
+    >>> with routed_output(sink):
+    ...     print("caught")
+    >>> sink.parts
+    [('stdout', 'caught'), ('stdout', '\\n')]
+    """
+    import sys
+
+    with _route_lock:
+        for name in ("stdout", "stderr"):
+            if not isinstance(getattr(sys, name), _Routed):
+                setattr(sys, name, _Routed(getattr(sys, name), name))
+    previous = current_sink()
+    _local.sink = sink
+    try:
+        yield sink
+    finally:
+        _local.sink = previous

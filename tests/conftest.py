@@ -72,3 +72,4 @@ def in_notebook(source: str) -> dict:
     namespace = {"__name__": "__notebook_cell__"}
     exec(compile(source, "<notebook-cell>", "exec"), namespace)
     return namespace
+

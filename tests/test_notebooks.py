@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
+NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
+SOLUTIONS = sorted((NOTEBOOK_DIR / "solutions").glob("*.ipynb"))
 # what must never appear in a compared output: paths, ports, pids, clock times
 RUN_SPECIFIC = re.compile(
     r"/tmp/|/work/|/root/|/home/|site-packages|(?:127\.0\.0\.1|localhost):\d+|\bpid[ =:]+\d+|\d\d:\d\d:\d\d\.\d+"
@@ -27,8 +29,9 @@ def _text(output: dict) -> str:
     return "".join(output.get("text", "")) + "".join(output.get("data", {}).get("text/plain", ""))
 
 
-def test_there_are_six_chapters():
+def test_there_are_six_chapters_each_with_its_solutions():
     assert [p.name[:3] for p in NOTEBOOKS] == ["01_", "02_", "03_", "04_", "05_", "06_"]
+    assert [p.name[:3] for p in SOLUTIONS] == ["01_", "02_", "03_", "04_", "05_", "06_"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -41,7 +44,7 @@ def test_chapter_skeleton(path):
     assert headings[-2:] == ["## Summary", "## Exercises"], headings
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", NOTEBOOKS + SOLUTIONS, ids=lambda p: p.name)
 def test_outputs_come_from_one_clean_run_and_are_reproducible(path):
     code = [c for c in _cells(path) if c["cell_type"] == "code"]
     assert [c["execution_count"] for c in code] == list(range(1, len(code) + 1)), "re-run it top to bottom"
@@ -53,3 +56,102 @@ def test_outputs_come_from_one_clean_run_and_are_reproducible(path):
             assert output["output_type"] != "error", f"cell [{number}] stored an error"
             found = RUN_SPECIFIC.search(_text(output))
             assert not found, f"cell [{number}] shows run-specific text {found.group()!r}: {_text(output)[:200]!r}"
+
+
+# --------------------------------------------------------------------------- the evidence rule
+#
+# Every measured number in the prose (a time, a rate, a ratio, an accuracy, a count) is printed by
+# a cell of the same notebook's committed run. What can be checked mechanically: a number that
+# looks measured (a decimal, a thousands-separated count, a percentage, a ratio like 3.1x, a
+# duration or a rate) must appear in some output of the same notebook. Code spans and blocks are
+# exempt (values the code sets, documented defaults quoted as code: `timedelta(minutes=10)`), as
+# are version numbers and section references.
+
+_FENCE = re.compile(r"```.*?```", re.S)
+_SPAN = re.compile(r"`[^`\n]*`")
+_COMMENT = re.compile(r"<!--.*?-->", re.S)
+_EXEMPT = re.compile(
+    r"(?:PyTorch|torch|Python|Jupyter\w*|ipykernel|ipywidgets|matplotlib|version|v)\s*\d+(?:\.\d+)+"
+    r"|\d+\.\d+\.\d+|§\s*\d+(?:\.\d+)*|(?:[Ss]ections?|[Cc]hapters?|[Ee]xercises?|[Ss]teps?)\s+\d+(?:\.\d+)*"
+    r"|^#+ .*$",
+    re.M,
+)
+MEASURED = re.compile(
+    r"(?<![\w.])(?:\d{1,3}(?:,\d{3})+|\d+\.\d+(?:e-?\d+)?|\d+(?:\.\d+)?\s?"
+    r"(?:%|x\b|ms\b|s\b|µs\b|us\b|GB/s|MB/s|samples/s|k/s))"
+)
+
+
+def measured_numbers(markdown: str) -> list[str]:
+    """The numbers in ``markdown`` that look measured, as their bare numeric text.
+
+    >>> measured_numbers("all_reduce took 1.5 ms, 3x a copy; `timeout=1.5` and §3.2 and PyTorch 2.13 are exempt")
+    ['1.5', '3']
+    """
+    text = _EXEMPT.sub(" ", _COMMENT.sub(" ", _SPAN.sub(" ", _FENCE.sub(" ", markdown))))
+    return [re.match(r"[\d,.e-]+", m.group()).group().rstrip(".,") for m in MEASURED.finditer(text)]
+
+
+def _all_output_text(path: Path) -> str:
+    return "\n".join(_text(o) for c in _cells(path) if c["cell_type"] == "code" for o in c["outputs"])
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS + SOLUTIONS, ids=lambda p: p.name)
+def test_every_measured_number_in_the_prose_is_printed_by_a_cell(path):
+    printed = _all_output_text(path)
+    missing = [
+        (number, "".join(c["source"]).split("\n")[0][:60])
+        for c in _cells(path) if c["cell_type"] == "markdown"
+        for number in measured_numbers("".join(c["source"]))
+        if number not in printed
+    ]
+    assert not missing, f"numbers in the prose that no cell prints (number, cell's first line): {missing}"
+
+
+def test_the_evidence_rule_catches_an_unbacked_number(tmp_path):
+    nb = {"cells": [
+        {"cell_type": "markdown", "source": ["Training reached 93.4% in 2.5 s."]},
+        {"cell_type": "code", "source": ["print(93.4)"], "outputs": [{"output_type": "stream", "text": "93.4\n"}]},
+    ]}
+    path = tmp_path / "fake.ipynb"
+    path.write_text(json.dumps(nb))
+    with pytest.raises(AssertionError, match=r"'2\.5'"):
+        test_every_measured_number_in_the_prose_is_printed_by_a_cell(path)
+
+
+# --------------------------------------------------------------------------- solutions and experiments
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_exercise_has_a_worked_solution_that_the_chapter_links(path):
+    markdown = ["".join(c["source"]) for c in _cells(path) if c["cell_type"] == "markdown"]
+    exercises = markdown[-1].split("## Exercises", 1)[-1]
+    numbers = [int(n) for n in re.findall(r"^(\d+)\. ", exercises, flags=re.M)]
+    assert numbers == list(range(1, len(numbers) + 1)) and numbers, "exercises are numbered 1..n"
+    solutions = sorted((NOTEBOOK_DIR / "solutions").glob(f"{path.name[:3]}*.ipynb"))
+    assert len(solutions) == 1, f"expected notebooks/solutions/{path.name[:3]}<name>.ipynb"
+    assert f"solutions/{solutions[0].name}" in exercises, "the Exercises section links its solutions notebook"
+    solved = "".join("".join(c["source"]) for c in _cells(solutions[0]) if c["cell_type"] == "markdown")
+    assert solved.startswith(f"# {path.name[:2]} · Solutions"), "the solutions notebook's title"
+    for n in numbers:
+        assert re.search(rf"^## Exercise {n}\b", solved, flags=re.M), f"no '## Exercise {n}' in {solutions[0].name}"
+    assert any(c["cell_type"] == "code" and c["source"] for c in _cells(solutions[0]))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_chapter_has_an_experiment_and_its_plain_default_cell(path):
+    code = ["".join(c["source"]) for c in _cells(path) if c["cell_type"] == "code"]
+    built = [i for i, src in enumerate(code) if "ddpkit.experiment(" in src]
+    assert built, "build the chapter's experiment with ddpkit.experiment(...)"
+    assert any(".run_here()" in src for src in code[built[0]:]), "a plain cell runs it with the defaults"
+    assert not any("plt." in src or "pyplot" in src for src in code if "def " in src and "Figure" in src), (
+        "functions that build Figures must not use pyplot state"
+    )
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_chapter_states_the_pytorch_version_it_was_recorded_with(path):
+    title = "".join(_cells(path)[0]["source"])
+    assert "Recorded with PyTorch 2.13.0" in title, "the title cell says 'Recorded with PyTorch 2.13.0 ...'"
+    first_code = next("".join(c["source"]) for c in _cells(path) if c["cell_type"] == "code")
+    assert "ddpkit.check_recorded_version()" in first_code

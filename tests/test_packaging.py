@@ -47,7 +47,7 @@ def test_readme_first_screen_has_exactly_two_commands_and_ci_runs_the_test_one()
     commands = re.findall(r"```bash\n(.*?)\n```", first_screen, flags=re.S)
     assert len(commands) == 2, commands
     lab, test = commands
-    assert "jupyter lab notebooks/" in lab and "pytest" in test
+    assert "-m ddpkit lab" in lab and "pytest" in test
     for command in commands:
         assert command.startswith("python3 -m venv .venv && .venv/bin/pip install torch==2.13.0 && ")
     ci = (ROOT / ".ci" / "run").read_text()

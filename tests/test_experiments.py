@@ -1,0 +1,196 @@
+"""Experiments and progress bars in a real kernel, driven the way JupyterLab 4.6 drives them.
+
+JupyterLab sends widget messages with a ``subshell_id``; ipykernel 7 then runs
+the button's callback on a subshell thread, not the main one. A picture drawn
+there through pyplot and ``with output:`` capture raced with the browser and
+often landed in the Log Console instead of the widget. These tests click
+through a subshell exactly like that and check where every output went.
+"""
+
+from __future__ import annotations
+
+import base64
+import struct
+import time
+
+import pytest
+from jupyter_client.manager import start_new_kernel
+
+from test_kernel import run_cell
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    km, kc = start_new_kernel(kernel_name="python3")
+    try:
+        yield km, kc
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def _create_subshell(kc) -> str:
+    msg = kc.session.msg("create_subshell_request", {})
+    kc.control_channel.send(msg)
+    reply = kc.get_control_msg(timeout=10)
+    assert reply["msg_type"] == "create_subshell_reply", reply
+    return reply["content"]["subshell_id"]
+
+
+def _click(kc, comm_id: str, subshell_id: str) -> str:
+    """Press a button the way JupyterLab does: a comm message on a subshell."""
+    msg = kc.session.msg("comm_msg", {"comm_id": comm_id, "data": {"method": "custom", "content": {"event": "click"}}})
+    msg["header"]["subshell_id"] = subshell_id
+    kc.shell_channel.send(msg)
+    return msg["header"]["msg_id"]
+
+
+def _png_size(b64: str) -> tuple[int, int]:
+    data = base64.b64decode(b64)
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", data[16:24])
+
+
+EXPERIMENT = """
+import threading
+import ipywidgets as widgets
+from matplotlib.figure import Figure
+import torch, torch.distributed as dist
+import ddpkit
+
+def gather_ranks(world_size):
+    def work():
+        for _ in ddpkit.progress(range(3), desc="steps"):
+            pass
+        print("hello from", dist.get_rank())
+        return dist.get_rank()
+    ranks = ddpkit.launch(work, world_size=world_size)
+    fig = Figure(figsize=(4, 3))
+    fig.add_subplot().bar(range(world_size), [r + 1 for r in ranks])
+    threads.append(threading.current_thread() is threading.main_thread())
+    return [f"ranks {ranks}", fig]
+
+threads = []
+exp = ddpkit.experiment(gather_ranks, {"world_size": widgets.IntSlider(value=2, min=1, max=3)})
+display(exp)
+print(exp.button.model_id, exp.output.model_id)
+"""
+
+
+def test_clicks_on_a_subshell_draw_every_picture_inside_the_widget(kernel):
+    _, kc = kernel
+    out = run_cell(kc, EXPERIMENT)
+    assert out["error"] is None, out
+    button_id, output_id = out["stdout"].split()
+    subshell = _create_subshell(kc)
+    for click in range(4):
+        run_cell(kc, f"exp.controls['world_size'].value = {1 + click % 3}")
+        msg_id = _click(kc, button_id, subshell)
+        leaked, states, disabled = [], [], []
+        deadline = time.monotonic() + 60
+        while True:
+            msg = kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind in ("stream", "display_data", "error"):
+                leaked.append(msg)  # would show in JupyterLab's Log Console, not in the widget
+            elif kind == "comm_msg":
+                state = content["data"].get("state", {})
+                if content["comm_id"] == output_id and "outputs" in state:
+                    states.append(state["outputs"])
+                if content["comm_id"] == button_id and "disabled" in state:
+                    disabled.append(state["disabled"])
+            elif kind == "status" and content["execution_state"] == "idle":
+                break
+        assert not leaked, f"click {click}: output escaped the widget: {leaked[:2]}"
+        assert disabled[:1] == [True] and disabled[-1] is False, disabled  # disabled while it ran
+        final = states[-1]
+        world_size = 1 + click % 3
+        text = "".join(o.get("text", "") for o in final if o["output_type"] == "stream")
+        assert f"[rank0]: hello from 0" in text and f"ranks {list(range(world_size))}" in text, text
+        pictures = [o for o in final if "image/png" in o.get("data", {})]
+        assert len(pictures) == 1, final
+        assert _png_size(pictures[0]["data"]["image/png"]) > (100, 100)
+    # the callbacks ran off the main thread, as in JupyterLab (ipykernel may route the very first
+    # message of a comm created on the main shell back there; the later ones run on the subshell)
+    out = run_cell(kc, "print(threads)")
+    assert out["stdout"].strip().endswith("False, False]"), out
+
+
+def test_a_failing_run_shows_its_error_inside_the_widget_and_frees_the_button(kernel):
+    _, kc = kernel
+    cell = """
+def broken(n):
+    return ddpkit.launch(lambda: 1 / 0, world_size=n)
+bad = ddpkit.experiment(broken, {"n": widgets.IntSlider(value=2, min=1, max=2)})
+bad.click()
+errors = "".join(o.get("text", "") for o in bad.output.outputs if o.get("name") == "stderr")
+print("ZeroDivisionError" in errors, "root cause" in errors.lower(), bad.button.disabled, "failed" in bad.status.value)
+"""
+    out = run_cell(kc, cell)
+    assert out["error"] is None, out
+    assert out["stdout"].strip() == "True True False True", out
+
+
+def test_progress_bars_are_a_widget_that_nbval_does_not_compare(kernel):
+    _, kc = kernel
+    cell = """
+def steps():
+    for _ in ddpkit.progress(range(20), desc="train"):
+        time.sleep(0.01)
+import time
+ddpkit.launch(steps, world_size=2)
+"""
+    msg_id = kc.execute(cell)
+    displays, bar_values, error = [], {}, None
+    deadline = time.monotonic() + 60
+    while True:
+        msg = kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "display_data":
+            displays.append(msg["content"]["data"])
+        elif msg["msg_type"] == "comm_msg":
+            state = msg["content"]["data"].get("state", {})
+            if "value" in state and isinstance(state["value"], int):
+                bar_values[msg["content"]["comm_id"]] = state["value"]
+        elif msg["msg_type"] == "error":
+            error = msg["content"]
+        elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    assert error is None, error
+    assert len(displays) == 1 and set(displays[0]) == {"application/vnd.jupyter.widget-view+json"}, displays
+    assert sorted(bar_values.values()) == [20, 20], bar_values  # both ranks' bars reached the end
+
+
+def test_an_interrupted_launch_says_which_ranks_it_stopped_in_one_line(kernel):
+    km, kc = kernel
+    cell = """
+import time
+def work():
+    print("working", flush=True)
+    time.sleep(120)
+ddpkit.launch(work, world_size=3, timeout=100)
+"""
+    msg_id = kc.execute(cell)
+    deadline = time.monotonic() + 60
+    error = None
+    interrupted = False
+    while True:
+        msg = kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "stream" and "[rank0]: working" in msg["content"]["text"] and not interrupted:
+            time.sleep(0.3)
+            km.interrupt_kernel()
+            interrupted = True
+        elif msg["msg_type"] == "error":
+            error = msg["content"]
+        elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    assert error is not None and error["ename"] == "KeyboardInterrupt", error
+    assert error["evalue"] == "ddpkit.launch interrupted: stopped ranks 0, 1, 2 of 3 (still running)", error
+    frames = "\n".join(error["traceback"])
+    assert "_supervise" not in frames and "connection.py" not in frames, frames  # no frames of the event loop
+    assert frames.count("File ") == 1, frames  # the cell, then launch() itself: nothing deeper
