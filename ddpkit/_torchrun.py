@@ -67,6 +67,9 @@ from ._output import Relay
 _WORKER_LINE = re.compile(r"^\[rank(\d+)\]: ?(.*)$")
 _LOG_FLAGS = ("--tee", "-t", "--redirects", "-r", "--log-dir", "--log_dir")
 _AGENT_LOGS = ("show", "clean", "hide")
+# torchrun's notice that it set OMP_NUM_THREADS=1 (a logging warning, so on stderr): information,
+# not an error, so it is shown as ordinary output instead of on a red background
+_AGENT_NOTICE = re.compile(r"^(?:\*{10,}|Setting OMP_NUM_THREADS environment variable .*|)$")
 #: Our default for every run: a fresh rendezvous store per attempt (see the module docstring).
 RESTART_SAFE_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 _CLEAN = [  # what changes from run to run in an agent's message, and what to show instead
@@ -246,12 +249,13 @@ def _relay_until_done(agents, start, later, join_when, timeout, agent_log, tmpdi
                                 later = []
                         elif isinstance(agent_log, list):
                             agent_log.append(text)
-                        elif agent_log == "show":
-                            relay.line(("agent", node), stream, text)
-                        elif agent_log == "clean":
-                            cleaned = _clean(text, in_traceback.setdefault(node, [False]))
-                            if cleaned is not None:
-                                relay.line(("agent", node), stream, cleaned)
+                        else:
+                            notice = stream == "err" and _AGENT_NOTICE.match(text.strip())
+                            shown = text if agent_log == "show" else None
+                            if agent_log == "clean":
+                                shown = _clean(text, in_traceback.setdefault(node, [False]))
+                            if shown is not None:
+                                relay.line(("agent", node), "out" if notice else stream, shown)
         finally:
             relay.finish()
     if later:
