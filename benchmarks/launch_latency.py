@@ -1,11 +1,16 @@
 """How long does it take to start a distributed job? ddpkit.launch vs mp.spawn vs torchrun.
 
 The job is a "hello world" of world size N: initialise a gloo group, one
-all_reduce, return. We time it four ways and print medians and ratios:
+all_reduce, return. We time it six ways and print medians and ratios:
 
 * ``ddpkit.launch (warm)``: in an already running Python (like a notebook
-  kernel that has imported torch), the time of one ``ddpkit.launch`` call;
-* ``ddpkit.launch (process)``: a fresh ``python`` that imports ddpkit and launches;
+  kernel that has imported torch), the time of one ``ddpkit.launch`` call,
+  once per start method: ``fork`` (what ``auto`` picks when forking is safe),
+  ``forkserver`` (what ``auto`` picks when it is not: CUDA initialised, more
+  than one thread per rank, macOS; PyTorch is preloaded in the server, whose
+  one-time start is reported separately) and ``spawn`` (a fresh interpreter
+  per rank);
+* ``ddpkit.launch (process, fork)``: a fresh ``python`` that imports ddpkit and launches;
 * ``mp.spawn (process)``: a fresh ``python`` using ``torch.multiprocessing.spawn``;
 * ``torchrun (process)``: ``python -m torch.distributed.run --standalone``.
 
@@ -55,8 +60,9 @@ def hello():
     t = torch.ones(1)
     dist.all_reduce(t)
     return t.item()
-n = int(os.environ["BENCH_WORLD_SIZE"])
-assert ddpkit.launch(hello, world_size=n) == [float(n)] * n
+if __name__ == "__main__":
+    n = int(os.environ["BENCH_WORLD_SIZE"])
+    assert ddpkit.launch(hello, world_size=n) == [float(n)] * n
 """
 
 
@@ -68,24 +74,28 @@ def time_process(cmd: list[str], env: dict) -> float:
     return time.perf_counter() - start
 
 
-def time_warm_ddpkit(world_size: int, repeats: int) -> list[float]:
+def _hello():
     import torch
     import torch.distributed as dist
 
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return t.item()
+
+
+def time_warm_ddpkit(world_size: int, repeats: int, method: str = "fork") -> tuple[list[float], float]:
+    """Warm launch times with ``method``, and the first (warm-up) launch's time (a forkserver starts then)."""
     import ddpkit
 
-    def hello():
-        t = torch.ones(1)
-        dist.all_reduce(t)
-        return t.item()
-
-    ddpkit.launch(hello, world_size=world_size)  # warm-up
+    start = time.perf_counter()
+    ddpkit.launch(_hello, world_size=world_size, start_method=method)  # warm-up
+    first = time.perf_counter() - start
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        assert ddpkit.launch(hello, world_size=world_size) == [float(world_size)] * world_size
+        assert ddpkit.launch(_hello, world_size=world_size, start_method=method) == [float(world_size)] * world_size
         times.append(time.perf_counter() - start)
-    return times
+    return times, first
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
@@ -109,19 +119,26 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                 f.write(source)
         py = sys.executable
         commands = {
-            "ddpkit.launch (process)": [py, scripts["ddpkit"]],
+            "ddpkit.launch (process, fork)": [py, scripts["ddpkit"]],
             "mp.spawn (process)": [py, scripts["spawn"]],
             "torchrun (process)": [py, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", scripts["torchrun"]],
         }
-        medians["ddpkit.launch (warm)"] = statistics.median(time_warm_ddpkit(n, repeats))
+        firsts = {}
+        for method in ("fork", "forkserver", "spawn"):
+            times, firsts[method] = time_warm_ddpkit(n, repeats, method)
+            medians[f"ddpkit.launch (warm, {method})"] = statistics.median(times)
         for label, cmd in commands.items():
             medians[label] = statistics.median(time_process(cmd, env) for _ in range(repeats))
 
-    print(f"4-way comparison, world size {n}, median of {repeats} run(s), seconds")
-    base = medians["ddpkit.launch (warm)"]
+    print(f"launch latency, world size {n}, median of {repeats} run(s), seconds "
+          f"(load {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores)")
+    base = medians["ddpkit.launch (warm, fork)"]
     for label, seconds in medians.items():
-        print(f"  {label:26} {seconds:8.3f} s   {seconds / base:7.1f}x ddpkit (warm)")
-    print(f"torchrun / ddpkit.launch (warm) = {medians['torchrun (process)'] / base:.1f}x (goal: >= 40x)")
+        print(f"  {label:32} {seconds:8.3f} s   {seconds / base:7.1f}x fork (warm)")
+    print(f"forkserver's one-time start (first launch, PyTorch imported in the server): {firsts['forkserver']:.2f} s")
+    ratio = medians["ddpkit.launch (warm, forkserver)"] / base
+    print(f"forkserver / fork (warm) = {ratio:.1f}x (goal: <= 3x)")
+    print(f"torchrun / ddpkit.launch (warm, fork) = {medians['torchrun (process)'] / base:.1f}x (goal: >= 40x)")
     return medians
 
 

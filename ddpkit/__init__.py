@@ -32,7 +32,7 @@ from ._bench import BandwidthRow, bandwidth_table, bus_factor, collective_bandwi
 from ._data import Digits, digits_mlp, load_digits
 from ._env import DistEnv, check_recorded_version, dist_env, patched_environ, setup_distributed, torchrun_environ
 from ._errors import LaunchTimeoutError, RankFailedError, RankFailure
-from ._launch import launch
+from ._launch import launch, start_method
 from ._plot import plot_bandwidth, plot_ranks
 from ._progress import progress
 from ._torchrun import load_ipython_extension, register_magics, torchrun
@@ -67,6 +67,7 @@ __all__ = [
     "progress",
     "register_magics",
     "setup_distributed",
+    "start_method",
     "torchrun",
     "torchrun_environ",
 ]

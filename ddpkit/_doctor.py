@@ -134,29 +134,18 @@ def check_start_methods() -> Check:
     """Which start methods exist, Python's default, and what ``ddpkit.launch(start_method="auto")`` picks and why."""
     import multiprocessing
 
-    import torch
-
-    from ._launch import _choose_start_method
+    from ._launch import start_method
 
     available = multiprocessing.get_all_start_methods()
     # the method set by set_start_method, else the platform's default (documented as the first one listed)
     default = multiprocessing.get_start_method(allow_none=True) or available[0]
     note = " (Linux's default since Python 3.14)" if default == "forkserver" else ""
-    picked = _choose_start_method("auto", threads=1)
-    if picked == "fork":
-        why = "Linux, CUDA not initialised here, 1 thread per rank, so forking is safe (~0.1 s per launch)"
-    elif sys.platform == "darwin":
-        why = "macOS cannot fork safely (system libraries abort in forked children); each launch takes seconds"
-    elif not sys.platform.startswith("linux"):
-        why = f"{sys.platform} has no safe fork; each launch takes seconds"
-    elif torch.cuda.is_initialized():
-        why = "CUDA is initialised in this process and forked children cannot use it"
-    else:
-        why = "forking is not safe here"
+    picked, why = start_method(threads=1)
     found = (
         f"available: {', '.join(available)}; Python's default: {default}{note}; "
         f"ddpkit.launch(start_method='auto') picks {picked}: {why}"
     )
+    found += f"; with OMP_NUM_THREADS > 1 per rank it picks {start_method(threads=2)[0]}"
     if "spawn" not in available:
         return Check("start_methods", "FAIL", found, "Use a standard CPython build from python.org or your OS.")
     return Check("start_methods", "OK", found)

@@ -4,7 +4,8 @@ What ``torchrun`` does for a script, :func:`launch` does for a function
 defined in a notebook cell:
 
 * it starts ``world_size`` processes through :mod:`torch.multiprocessing`
-  (fork when that is safe, which takes milliseconds; spawn otherwise);
+  (fork when that is safe, which takes milliseconds; otherwise a forkserver
+  that has PyTorch preloaded, nearly as fast; spawn only when asked);
 * it gives each one the environment ``torchrun`` would (``RANK``,
   ``LOCAL_RANK``, ``WORLD_SIZE``, ... see :mod:`ddpkit._env`), so the same
   function later runs unchanged under ``torchrun``;
@@ -101,24 +102,64 @@ def _check_backend(backend: str, local_world_size: int) -> None:
             )
 
 
-def _choose_start_method(start_method: str, threads: int) -> str:
+#: What the forkserver imports once, before it forks any rank: its own clean-up (see
+#: ddpkit._forkserver), PyTorch, what DDP imports (torch._dynamo, ~800 modules), and the rank's entry point.
+FORKSERVER_PRELOAD = ["ddpkit._forkserver", "torch", "torch.distributed", "torch._dynamo", "cloudpickle", "ddpkit._child"]
+
+
+def start_method(threads: int = 1) -> tuple[str, str]:
+    """Which start method ``launch(start_method="auto")`` picks here and now, and why.
+
+    ``threads`` is the ranks' intra-op thread count (``env={"OMP_NUM_THREADS": ...}``).
+
+    >>> name, why = start_method()
+    >>> name in ("fork", "forkserver", "spawn"), isinstance(why, str)
+    (True, True)
+    """
+    import multiprocessing
+
     import torch
 
-    if start_method not in _START_METHODS:
-        raise ValueError(f"start_method={start_method!r}: use one of {', '.join(_START_METHODS)}")
-    can_fork = sys.platform.startswith("linux")
-    if start_method == "auto":
-        # Fork is ~50x faster to start than spawn, but unsafe once this
-        # process uses CUDA, and forked children that run several OpenMP
-        # threads after the parent did can deadlock in libgomp.
-        safe = can_fork and not torch.cuda.is_initialized() and threads == 1
-        return "fork" if safe else "spawn"
-    if start_method == "fork" and torch.cuda.is_initialized():
+    methods = multiprocessing.get_all_start_methods()
+    if not sys.platform.startswith("linux"):
+        if "forkserver" in methods:
+            return "forkserver", f"{sys.platform}: fork is not safe here; a forkserver with PyTorch preloaded is"
+        return "spawn", f"{sys.platform} has neither a safe fork nor a forkserver"
+    if torch.cuda.is_initialized():
+        reason = "CUDA is initialised in this process, and a forked child cannot use it"
+    elif threads != 1:
+        reason = f"the ranks run {threads} threads, and a forked child that starts an OpenMP pool can deadlock"
+    else:
+        return "fork", "Linux, CUDA not initialised here, one thread per rank: forking is safe and fastest"
+    return "forkserver", reason + "; a forkserver (a fresh process with PyTorch preloaded) is safe and fast"
+
+
+def _choose_start_method(start_method_: str, threads: int) -> str:
+    if start_method_ not in _START_METHODS:
+        raise ValueError(f"start_method={start_method_!r}: use one of {', '.join(_START_METHODS)}")
+    if start_method_ == "auto":
+        return start_method(threads)[0]
+    import torch
+
+    if start_method_ == "fork" and torch.cuda.is_initialized():
         raise RuntimeError(
             "CUDA is already initialised in this process, and forked children cannot use it. "
-            "Pass start_method='spawn' (or 'auto'), or restart the kernel and launch before touching CUDA."
+            "Pass start_method='forkserver' or 'auto' (or 'spawn'), or restart the kernel and launch "
+            "before touching CUDA."
         )
-    return start_method
+    return start_method_
+
+
+def _context(method: str):
+    """The multiprocessing context for ``method``; a forkserver gets PyTorch preloaded."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context(method)
+    if method == "forkserver":
+        # Only takes effect when the server starts (the first forkserver launch in this process);
+        # it then lives, shared by every later launch, until this process exits.
+        ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
+    return ctx
 
 
 class _SourcePickler(cloudpickle.Pickler):
@@ -168,6 +209,17 @@ def _loopback_interface() -> str | None:
         if any(a.address == "127.0.0.1" for a in addrs):
             return name
     return None
+
+
+def _rank_environ(changes: Mapping[str, str | None]) -> dict[str, str]:
+    """This process's environment with a rank's changes applied (``None`` removes a variable)."""
+    environ = dict(os.environ)
+    for name, value in changes.items():
+        if value is None:
+            environ.pop(name, None)
+        else:
+            environ[name] = value
+    return environ
 
 
 def _free_port() -> int:
@@ -240,7 +292,11 @@ def launch(
     every rank's stack, rather than by gloo.
 
     ``start_method="auto"`` forks when that is safe (Linux, CUDA untouched in
-    this process, one thread per rank) and spawns otherwise.
+    this process, one thread per rank); otherwise it asks a *forkserver* (a
+    fresh process, started once per kernel, with PyTorch preloaded) to fork
+    the ranks, which is safe and nearly as fast. ``"spawn"`` (a fresh
+    interpreter per rank, seconds each) stays available by name.
+    :func:`start_method` tells which one ``auto`` picks, and why.
 
     Raises :class:`RankFailedError` if a rank raises, exits non-zero or is
     killed (the others are stopped), :class:`LaunchTimeoutError` after
@@ -274,14 +330,12 @@ def launch(
     method = _choose_start_method(start_method, threads)
     payload = _pickle_payload(fn, args, kwargs)
 
-    import torch.multiprocessing as mp
-
     if method == "fork":
         # DistributedDataParallel (and torch.compile) import torch._dynamo, ~800 modules. Imported
         # once here, every forked rank inherits it instead of importing it again (seconds per rank).
         import torch._dynamo  # noqa: F401
 
-    ctx = mp.get_context(method)
+    ctx = _context(method)
     pg_timeout = timeout + 30 if timeout is not None else 300.0
     tmpdir = tempfile.mkdtemp(prefix="ddpkit-")
     opts = {
@@ -290,6 +344,7 @@ def launch(
         "store_path": os.path.join(tmpdir, "store"),
         "pg_timeout": pg_timeout,
         "threads": threads,
+        "environ": None,  # set per rank below where the child does not inherit our environment
     }
     port = _free_port()
     common = {DDPKIT_MARKER: "1", DDPKIT_PG_TIMEOUT: str(pg_timeout)}
@@ -306,9 +361,11 @@ def launch(
         for rank in range(world_size):
             ends = [ctx.Pipe(duplex=False) for _ in range(4)]  # (reader, writer) for out, err, stack, result
             rank_env = {**torchrun_environ(rank, world_size, nnodes, "127.0.0.1", port, threads), **common, **extra}
+            # a forkserver's child inherits the *server's* environment: send the rank's own
+            environ = _rank_environ(rank_env) if method == "forkserver" else None
             p = ctx.Process(
                 target=_child.main,
-                args=(rank, world_size, carried, tuple(w for _, w in ends), opts),
+                args=(rank, world_size, carried, tuple(w for _, w in ends), {**opts, "environ": environ}),
                 name=f"ddpkit-rank{rank}",
             )
             procs.append(p)

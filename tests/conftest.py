@@ -13,9 +13,10 @@ import pytest
 
 
 def _is_resource_tracker(proc: psutil.Process) -> bool:
-    # multiprocessing's resource tracker: one per process, started by the first spawn, by design
+    # multiprocessing's resource tracker and forkserver: one each per process, started by the first
+    # spawn/forkserver launch and kept until the process exits, by design (singletons, not leaks)
     try:
-        return any("resource_tracker" in part for part in proc.cmdline())
+        return any("resource_tracker" in part or "forkserver" in part for part in proc.cmdline())
     except psutil.Error:
         return False
 
@@ -34,6 +35,11 @@ def snapshot() -> dict:
 def _private_tempdir():
     # Launches create and delete temp dirs; give this test run its own TMPDIR so that the
     # leak check sees only ours, not those of another program running on the same machine.
+    import multiprocessing.util
+
+    # multiprocessing's own per-process temp dir (the forkserver's socket lives there, removed at exit):
+    # create it in the real temp dir before ours takes over, so it is not mistaken for a leftover
+    multiprocessing.util.get_temp_dir()
     private = tempfile.mkdtemp(prefix="tests-")
     saved = os.environ.get("TMPDIR"), tempfile.tempdir
     os.environ["TMPDIR"] = tempfile.tempdir = private
@@ -53,9 +59,14 @@ def _private_tempdir():
 def _resource_tracker_started(_private_tempdir):
     # The first spawn starts multiprocessing's resource tracker (a process and a pipe that live
     # as long as this process, by design); start it up front so it is not mistaken for a leak.
-    from multiprocessing import resource_tracker
+    from multiprocessing import forkserver, resource_tracker
+
+    from ddpkit._launch import _context
 
     resource_tracker.ensure_running()
+    # likewise ddpkit's forkserver (a process and the pipe that keeps it alive, kept until exit)
+    _context("forkserver")
+    forkserver.ensure_running()
 
 
 @pytest.fixture

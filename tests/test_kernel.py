@@ -123,3 +123,44 @@ ddpkit.launch(work, world_size=3, timeout=100)
     assert time.monotonic() - interrupted_at < 15
     out = run_cell(kc, "print(kernel_state()[0])")
     assert out["stdout"] == "0\n", out  # no rank, and no zombie, is left
+
+
+def test_the_forkserver_survives_an_interrupt_is_reused_and_ends_with_the_kernel():
+    import psutil
+
+    km, kc = start_new_kernel(kernel_name="python3")
+    try:
+        cell = """
+import time, multiprocessing.forkserver as fs, ddpkit
+def work():
+    print("working", flush=True)
+    time.sleep(120)
+print(ddpkit.start_method(threads=2)[0])
+ddpkit.launch(work, world_size=2, env={"OMP_NUM_THREADS": "2"}, timeout=100)
+"""
+        msg_id = kc.execute(cell)
+        deadline = time.monotonic() + 120
+        stdout, error = "", None
+        while True:
+            msg = kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "stream":
+                stdout += msg["content"]["text"]
+                if "[rank0]: working" in msg["content"]["text"]:
+                    km.interrupt_kernel()
+            elif msg["msg_type"] == "error":
+                error = msg["content"]["ename"]
+            elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                break
+        assert stdout.startswith("forkserver\n") and error == "KeyboardInterrupt", (stdout, error)
+        out = run_cell(kc, "server = fs._forkserver._forkserver_pid\n"
+                           "print(server, ddpkit.launch(lambda: __import__('os').getppid(), 2, start_method='forkserver'))")
+        assert out["error"] is None, out
+        server, parents = out["stdout"].split(" ", 1)
+        assert parents.strip() == f"[{server}, {server}]"  # the same server, still running, forked the new ranks
+        server = psutil.Process(int(server))
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=False)
+    server.wait(timeout=15)  # the server exits with its kernel: nothing is left behind

@@ -124,34 +124,6 @@ def test_init_process_group_false_leaves_the_group_to_fn():
     assert ddpkit.launch(dist.is_initialized, 2) == [True, True]
 
 
-def test_spawn_start_method_works_too():
-    def work():
-        t = torch.tensor([1.0])
-        dist.all_reduce(t)
-        return t.item()
-
-    assert ddpkit.launch(work, 2, start_method="spawn") == [2.0, 2.0]
-
-
-@pytest.mark.parametrize("start_method", ["fork", "spawn"])
-def test_tracebacks_show_the_notebook_cell_source(start_method):
-    import linecache
-
-    source = "def check(x):\n    assert x > 1, 'x must be above one'\n    return x\n"
-    filename = "/tmp/ipykernel_0/cell-that-is-not-on-disk.py"  # how IPython names a cell
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    try:
-        namespace = {"__name__": "__notebook_cell__"}
-        exec(compile(source, filename, "exec"), namespace)
-        with pytest.raises(ddpkit.RankFailedError) as info:
-            ddpkit.launch(namespace["check"], 1, args=(0,), init_process_group=False, start_method=start_method)
-    finally:
-        del linecache.cache[filename]
-    tb = info.value.root_cause.traceback
-    assert f'File "{filename}", line 2, in check' in tb
-    assert "assert x > 1, 'x must be above one'" in tb
-
-
 def test_fork_after_parent_ran_multithreaded_op_does_not_deadlock():
     torch.set_num_threads(2)
     x = torch.randn(1024, 1024)
@@ -165,9 +137,89 @@ def test_fork_after_parent_ran_multithreaded_op_does_not_deadlock():
 
 
 def test_auto_start_method_rules():
-    assert _choose_start_method("auto", threads=1) == ("fork" if sys.platform.startswith("linux") else "spawn")
-    assert _choose_start_method("auto", threads=2) == "spawn"  # forked children + several OpenMP threads can deadlock
+    assert _choose_start_method("auto", threads=1) == ("fork" if sys.platform.startswith("linux") else "forkserver")
+    # forked children + several OpenMP threads can deadlock: a forkserver with torch preloaded instead
+    assert _choose_start_method("auto", threads=2) == "forkserver"
+    assert ddpkit.start_method(threads=2)[0] == "forkserver" and "threads" in ddpkit.start_method(threads=2)[1]
     assert _choose_start_method("spawn", threads=1) == "spawn"
+
+
+# --------------------------------------------------------------------------- the contract on every start method
+
+CELL = """
+import os, time, torch, torch.distributed as dist
+class Box:
+    def __init__(self, v): self.v = v
+def make_work(offset):
+    def work():
+        t = torch.tensor([float(dist.get_rank() + offset)])
+        dist.all_reduce(t)
+        print(f"rank {dist.get_rank()} says {t.item():g}; RANK={os.environ['RANK']} EXTRA={os.environ.get('EXTRA')}")
+        return Box(t.item()), os.environ.get("HOME_GONE", "removed")
+    return work
+def broken():
+    if dist.get_rank() == 1:
+        raise KeyError("rank one lost its key")
+    time.sleep(60)
+def stuck():
+    if dist.get_rank() == 0:
+        dist.all_reduce(torch.ones(1))  # rank 1 never joins
+    else:
+        time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
+def test_the_launch_contract_holds_on_every_start_method(method, capfd, monkeypatch):
+    import linecache
+
+    filename = f"/tmp/ipykernel_0/contract-{method}.py"  # how IPython names a cell: not on disk
+    linecache.cache[filename] = (len(CELL), None, CELL.splitlines(True), filename)
+    monkeypatch.setenv("HOME_GONE", "still here")
+    try:
+        nb = {"__name__": "__notebook_cell__"}
+        exec(compile(CELL, filename, "exec"), nb)
+        # results, a closure and a notebook class travel; environment (set, overridden, removed) arrives
+        out = ddpkit.launch(nb["make_work"](10), 2, start_method=method, env={"EXTRA": "yes", "HOME_GONE": None})
+        assert [(box.v, gone) for box, gone in out] == [(21.0, "removed"), (21.0, "removed")]
+        assert type(out[0][0]) is nb["Box"]
+        printed = capfd.readouterr().out
+        assert printed == "[rank0]: rank 0 says 21; RANK=0 EXTRA=yes\n[rank1]: rank 1 says 21; RANK=1 EXTRA=yes\n"
+        # the root cause, with the cell's own source line
+        with pytest.raises(ddpkit.RankFailedError) as info:
+            ddpkit.launch(nb["broken"], 2, start_method=method, timeout=60)
+        assert info.value.root_cause.rank == 1
+        assert info.value.root_cause.summary == "KeyError: 'rank one lost its key'"
+        assert f'File "{filename}", line 14, in broken' in info.value.root_cause.traceback
+        assert 'raise KeyError("rank one lost its key")' in info.value.root_cause.traceback
+        # a hang ends at the timeout with every rank's stack
+        with pytest.raises(ddpkit.LaunchTimeoutError) as hang:
+            ddpkit.launch(nb["stuck"], 2, start_method=method, timeout=3)
+        assert hang.value.ranks == [0, 1] and all('File "' in hang.value.stacks[r] for r in (0, 1))
+        if method != "spawn":  # a spawned rank may still be importing torch after 3 s on a busy machine
+            assert "in stuck" in hang.value.stacks[0] and "all_reduce" in hang.value.stacks[0]
+    finally:
+        del linecache.cache[filename]
+
+
+def test_the_forkserver_is_started_once_and_reused():
+    import multiprocessing.forkserver as fs
+
+    def pid():
+        return os.getppid()  # a forkserver's rank is the server's child
+
+    first = ddpkit.launch(pid, 2, start_method="forkserver", init_process_group=False)
+    second = ddpkit.launch(pid, 2, env={"OMP_NUM_THREADS": "2"}, init_process_group=False)  # auto -> forkserver
+    assert first[0] == first[1] == second[0] == second[1] != os.getpid()
+    assert fs._forkserver._forkserver_pid == first[0]
+
+
+def test_thirty_forkserver_launches_leave_nothing_behind():
+    ddpkit.launch(lambda: 0, 2, start_method="forkserver")  # the server itself is a singleton, kept by design
+    before = __import__("conftest").snapshot()
+    for _ in range(30):
+        assert ddpkit.launch(lambda: dist.get_rank(), 2, start_method="forkserver") == [0, 1]
+    assert __import__("conftest").snapshot() == before
 
 
 # --------------------------------------------------------------------------- output

@@ -30,6 +30,7 @@ EXPECTED = {
     "patched_environ",
     "register_magics",
     "setup_distributed",
+    "start_method",
     "torchrun",
     "torchrun_environ",
 }
