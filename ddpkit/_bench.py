@@ -6,8 +6,11 @@ convention of NVIDIA's ``nccl-tests``, used in every cluster benchmark you
 will read, turns it into two bandwidths:
 
 * **algorithm bandwidth** ``algbw = bytes / seconds``, where ``bytes`` is the
-  size of the tensor each rank hands to the collective (for ``all_gather``,
-  ``reduce_scatter`` and ``all_to_all``: the size of the whole, larger buffer).
+  size of the tensor each rank hands to ``all_reduce``, ``broadcast`` or
+  ``reduce``; for ``all_gather`` it is the whole gathered output (``n`` times
+  each rank's input), for ``reduce_scatter`` each rank's whole input (``n``
+  times its output), for ``all_to_all`` each rank's send buffer
+  (:func:`size_meaning` says it in words).
   It is what your training loop feels.
 * **bus bandwidth** ``busbw = algbw * bus_factor(op, n)``. A ring all-reduce
   makes every rank send (and receive) ``2 (n-1)/n`` times the tensor, so
@@ -19,7 +22,9 @@ Small tensors measure latency (a fixed cost per message), large ones
 bandwidth: that is why a sweep over sizes, not one number, describes a link.
 :func:`collective_bandwidth` runs such a sweep in real process groups
 (through :func:`ddpkit.launch`); :func:`copy_bandwidth` times a plain memory
-copy of the same bytes in one process, the ceiling to compare with; and
+copy of the same bytes in one process, the reference to compare with (at
+the same sizes: a copy whose source and destination fit in the CPU caches
+runs several times faster than one that streams through main memory); and
 :func:`bandwidth_table` prints either. From a script or a shell::
 
     python -m ddpkit._bench --world-sizes 2 4 --max-mb 64
@@ -89,6 +94,34 @@ def bus_factor(op: str, world_size: int) -> float:
     if op in ("broadcast", "reduce", "copy"):
         return 1.0
     raise ValueError(f"unknown op {op!r}; use one of {', '.join(OPS)} or 'copy'")
+
+
+_SIZE_MEANING = {
+    "all_reduce": "the tensor each rank reduces",
+    "broadcast": "the tensor broadcast",
+    "reduce": "the tensor each rank reduces",
+    "all_gather": "the gathered output (n x each rank's input)",
+    "reduce_scatter": "each rank's input (n x its output)",
+    "all_to_all": "each rank's send buffer",
+    "copy": "the bytes copied",
+}
+
+
+def size_meaning(op: str) -> str:
+    """What ``nbytes`` measures for ``op``, following ``nccl-tests`` (for axis labels and tables).
+
+    For all_reduce, broadcast and reduce it is the tensor every rank hands in;
+    for all_gather the whole gathered output, ``n`` times what each rank
+    contributes; for reduce_scatter each rank's whole input, ``n`` times what it
+    keeps; for all_to_all each rank's send buffer.
+
+    >>> size_meaning("all_gather")
+    "the gathered output (n x each rank's input)"
+    """
+    try:
+        return _SIZE_MEANING[op]
+    except KeyError:
+        raise ValueError(f"unknown op {op!r}; use one of {', '.join(OPS)} or 'copy'") from None
 
 
 def default_sizes(smallest: int = 1 << 10, largest: int = 64 << 20, step: int = 4) -> list[int]:
@@ -180,8 +213,10 @@ def collective_bandwidth(
     warm-up call and a barrier, ``repeats`` loops of calls (several calls per
     loop for small tensors, so the clock's resolution does not matter); a
     row's ``seconds`` is the median loop's time per call on the slowest rank.
-    ``sizes`` are bytes per rank (default 1 KiB .. 64 MiB in steps of 4),
-    rounded down to whole float32 elements divisible by the world size.
+    ``sizes`` are bytes as :func:`size_meaning` defines them per op (the
+    tensor per rank for all_reduce; the whole gathered output for all_gather;
+    default 1 KiB .. 64 MiB in steps of 4), rounded down to whole float32
+    elements divisible by the world size.
 
     >>> rows = collective_bandwidth("all_reduce", world_sizes=(2,), sizes=[4096], repeats=1)
     >>> [(r.op, r.world_size, r.nbytes) for r in rows], rows[0].busbw > 0
@@ -239,14 +274,14 @@ def _human(nbytes: int) -> str:
 def bandwidth_table(rows: Iterable[BandwidthRow]) -> str:
     """A fixed-width text table of rows: op, ranks, size, time, algbw and busbw.
 
-    >>> print(bandwidth_table([BandwidthRow("all_reduce", 2, 1 << 20, 1e-3)]))
-    op          ranks       size     time us  algbw GB/s  busbw GB/s
-    all_reduce      2      1 MiB      1000.0       1.049       1.049
+    >>> print(bandwidth_table([BandwidthRow("reduce_scatter", 2, 1 << 20, 1e-3)]))
+    op              ranks       size     time us  algbw GB/s  busbw GB/s
+    reduce_scatter      2      1 MiB      1000.0       1.049       0.524
     """
-    lines = [f"{'op':<10}  {'ranks':>5}  {'size':>9}  {'time us':>10}  {'algbw GB/s':>10}  {'busbw GB/s':>10}"]
+    lines = [f"{'op':<14}  {'ranks':>5}  {'size':>9}  {'time us':>10}  {'algbw GB/s':>10}  {'busbw GB/s':>10}"]
     for r in rows:
         lines.append(
-            f"{r.op:<10}  {r.world_size:>5}  {_human(r.nbytes):>9}  {r.seconds * 1e6:>10.1f}  "
+            f"{r.op:<14}  {r.world_size:>5}  {_human(r.nbytes):>9}  {r.seconds * 1e6:>10.1f}  "
             f"{r.algbw:>10.3f}  {r.busbw:>10.3f}"
         )
     return "\n".join(lines)

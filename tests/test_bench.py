@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import ddpkit
-from ddpkit._bench import OPS, default_sizes, main
+from ddpkit._bench import OPS, default_sizes, main, size_meaning
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -29,6 +29,13 @@ def test_row_computes_bandwidths_in_gigabytes_per_second():
         "op": "all_gather", "world_size": 4, "nbytes": 8_000_000, "seconds": 0.004,
         "algbw": pytest.approx(2.0), "busbw": pytest.approx(1.5),
     }
+
+
+def test_size_meaning_follows_nccl_tests_and_rejects_unknown_ops():
+    assert size_meaning("all_reduce") == "the tensor each rank reduces"
+    assert "gathered output" in size_meaning("all_gather")
+    with pytest.raises(ValueError, match="unknown op"):
+        size_meaning("allgather")
 
 
 def test_default_sizes_span_1_kib_to_64_mib_in_steps_of_4():

@@ -131,7 +131,7 @@ def test_every_exercise_has_a_worked_solution_that_the_chapter_links(path):
     solutions = sorted((NOTEBOOK_DIR / "solutions").glob(f"{path.name[:3]}*.ipynb"))
     assert len(solutions) == 1, f"expected notebooks/solutions/{path.name[:3]}<name>.ipynb"
     assert f"solutions/{solutions[0].name}" in exercises, "the Exercises section links its solutions notebook"
-    solved = "".join("".join(c["source"]) for c in _cells(solutions[0]) if c["cell_type"] == "markdown")
+    solved = "\n".join("".join(c["source"]) for c in _cells(solutions[0]) if c["cell_type"] == "markdown")
     assert solved.startswith(f"# {path.name[:2]} · Solutions"), "the solutions notebook's title"
     for n in numbers:
         assert re.search(rf"^## Exercise {n}\b", solved, flags=re.M), f"no '## Exercise {n}' in {solutions[0].name}"

@@ -12,12 +12,16 @@ import torch
 import torch.distributed as dist
 
 import ddpkit
+from ddpkit._bench import size_meaning
+from ddpkit._widgets import figure_png
 
 
 @pytest.fixture(autouse=True)
-def _close_figures():
-    yield
+def _no_pyplot_figures():
+    """The pictures are built without pyplot (safe in an experiment's callback thread)."""
     plt.close("all")
+    yield
+    assert plt.get_fignums() == [], "a plot function went through pyplot's global state"
 
 
 def numbers(ax) -> list[str]:
@@ -69,6 +73,27 @@ def test_objects_are_written_as_text_and_floats_rounded():
     assert numbers(fig.axes[1]) == ["0.333", "2.5"]
 
 
+def test_long_objects_are_wrapped_to_stay_inside_their_box():
+    objs = [{"rank": r, "host": f"node{r // 2}"} for r in range(4)]
+    fig = ddpkit.plot_ranks(objs, [objs] * 4, title="all_gather_object")
+    text = fig.axes[1].texts[0]
+    assert text.get_text().count("\n") >= 3  # a list of four dicts: several lines
+    assert text.get_text().replace("\n", " ") == repr(objs)
+    figure_png(fig)  # draw, so the text's extent is known
+    renderer = fig.canvas.get_renderer()
+    inside = fig.axes[1].get_window_extent(renderer)
+    box = text.get_window_extent(renderer)
+    assert inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0 and box.y1 <= inside.y1
+
+
+def test_log_scale_for_values_spanning_orders_of_magnitude():
+    fig = ddpkit.plot_ranks([torch.tensor([1.0, 2.0])], [torch.tensor([585.0, 6144.0])], log=True)
+    image = fig.axes[1].images[0]
+    assert type(image.norm).__name__ == "LogNorm" and image.get_clim() == (1.0, 6144.0)
+    with pytest.raises(ValueError, match="positive"):
+        ddpkit.plot_ranks([torch.tensor([0.0, 2.0])], log=True)
+
+
 def test_a_single_column_without_after():
     fig = ddpkit.plot_ranks([torch.zeros(3), torch.ones(3)])
     assert len(fig.axes) == 2 and fig.axes[0].get_title() == ""
@@ -108,3 +133,11 @@ def test_bandwidth_plot_draws_the_rows_it_is_given():
     assert list(time_ax.lines[0].get_ydata()) == pytest.approx([1.024, 4.096])
     assert [line.get_linestyle() for line in bw_ax.lines] == ["-", "-", "--"]
     assert time_ax.get_xscale() == "log" and bw_ax.get_yscale() == "log"
+    assert bw_ax.get_xlabel() == "size: the tensor each rank reduces (bytes)"
+
+
+@pytest.mark.parametrize("op", ["all_gather", "reduce_scatter", "all_to_all"])
+def test_bandwidth_axis_says_what_the_size_is_for_each_op(op):
+    fig = ddpkit.plot_bandwidth([ddpkit.BandwidthRow(op, 2, 4096, 1e-5)])
+    assert fig.axes[0].get_xlabel() == f"size: {size_meaning(op)} (bytes)"
+    assert "n x" in size_meaning(op) or op == "all_to_all"
