@@ -28,8 +28,8 @@ on a laptop CPU:
 [0, 1, 2]
 """
 
-from ._bench import BandwidthRow, bandwidth_table, bus_factor, collective_bandwidth, copy_bandwidth
-from ._data import Digits, digits_mlp, load_digits
+from ._bench import BandwidthRow, bandwidth_table, bus_factor, collective_bandwidth, copy_bandwidth, size_meaning
+from ._data import Digits, PidTagged, digits_mlp, load_digits
 from ._env import DistEnv, check_recorded_version, dist_env, patched_environ, setup_distributed, torchrun_environ
 from ._errors import LaunchTimeoutError, RankFailedError, RankFailure
 from ._launch import launch, start_method
@@ -45,6 +45,7 @@ __all__ = [
     "DistEnv",
     "Experiment",
     "LaunchTimeoutError",
+    "PidTagged",
     "RankFailedError",
     "RankFailure",
     "Score",
@@ -67,6 +68,7 @@ __all__ = [
     "progress",
     "register_magics",
     "setup_distributed",
+    "size_meaning",
     "start_method",
     "torchrun",
     "torchrun_environ",

@@ -16,6 +16,13 @@ chapters 04 and 05 want to show exactly which index goes to which rank.
 ``seed`` makes every rank (or every run) start from the same weights, which
 is what the equivalence experiments compare against.
 
+:class:`PidTagged` wraps a dataset so that every sample also says which
+process loaded it: chapter 05 counts the DataLoader worker processes a rank
+starts with it. It lives here, in an importable module, because a spawned
+worker re-creates the dataset by importing its class; a class defined in a
+notebook cell lives in ``__main__``, which a spawned worker cannot import
+(``AttributeError: Can't get attribute ... on <module '__main__'>``).
+
 >>> d = load_digits()
 >>> d.x_train.shape, d.y_train.shape, d.x_test.shape
 (torch.Size([1440, 64]), torch.Size([1440]), torch.Size([357, 64]))
@@ -119,3 +126,39 @@ def digits_mlp(hidden: int = 64, depth: int = 1, seed: int | None = 0):
             width = hidden
         layers.append(nn.Linear(width, 10))
     return nn.Sequential(*layers)
+
+
+class PidTagged:
+    """A dataset whose samples are ``dataset[i]`` plus the id of the process that loaded them.
+
+    ``PidTagged(TensorDataset(x, y))[i]`` is ``(x[i], y[i], os.getpid())``; a
+    non-tuple sample ``s`` becomes ``(s, pid)``. Loaded through a
+    ``DataLoader``, the last field of each batch is a tensor of process ids:
+    the loop's own pid with ``num_workers=0``, a worker's pid otherwise, so
+    the distinct ids count the worker processes that produced the batches.
+
+    >>> import os, torch
+    >>> from torch.utils.data import DataLoader, TensorDataset
+    >>> tagged = PidTagged(TensorDataset(torch.arange(6.0), torch.arange(6)))
+    >>> len(tagged), tagged[2][:2], tagged[2][2] == os.getpid()
+    (6, (tensor(2.), tensor(2)), True)
+    >>> {int(pid) for _, _, pids in DataLoader(tagged, batch_size=4) for pid in pids} == {os.getpid()}
+    True
+    """
+
+    def __init__(self, dataset):
+        if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+            raise TypeError(
+                f"PidTagged wraps a map-style dataset (with __getitem__ and __len__), got {type(dataset).__name__}; "
+                "wrap tensors first, e.g. PidTagged(TensorDataset(x, y))"
+            )
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index):
+        import os
+
+        sample = self.dataset[index]
+        return (*sample, os.getpid()) if isinstance(sample, tuple) else (sample, os.getpid())

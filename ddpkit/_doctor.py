@@ -478,6 +478,33 @@ def lab_command(notebooks: str | os.PathLike, extra: Sequence[str] = (), root: b
     return command
 
 
+def trust_notebooks(folder: str | os.PathLike) -> int:
+    """Sign every notebook under ``folder`` for this user, as ``jupyter trust`` does; return how many.
+
+    JupyterLab draws a notebook's saved widgets (an experiment's controls,
+    before its cell has run) only in a *trusted* notebook, and a fresh copy of
+    the course is trusted by nobody: untrusted, each experiment shows as
+    ``VBox(children=...`` text until its cell runs. The signatures go to the
+    user's Jupyter data dir (``JUPYTER_DATA_DIR``), not into the notebooks.
+    """
+    import nbformat
+    from nbformat.sign import NotebookNotary
+
+    notary = NotebookNotary()
+    count = 0
+    try:
+        for path in sorted(Path(folder).rglob("*.ipynb")):
+            if ".ipynb_checkpoints" in path.parts:
+                continue
+            nb = nbformat.read(path, as_version=4)
+            if not notary.check_signature(nb):
+                notary.sign(nb)
+            count += 1
+    finally:
+        notary.store.close()
+    return count
+
+
 def lab_main(argv: Sequence[str] | None = None, checks: Sequence[Callable[[], Check]] = CHECKS) -> int:
     """``python -m ddpkit lab [--notebooks DIR] [--dry-run] [jupyter lab args...]``: doctor, then JupyterLab.
 
@@ -508,6 +535,9 @@ def lab_main(argv: Sequence[str] | None = None, checks: Sequence[Callable[[], Ch
     for c in warnings:
         print(textwrap.fill(f"WARN {c.name}: {c.found}. {c.fix}", subsequent_indent="    ", width=100))
     command = lab_command(notebooks, [a for a in extra if a != "--"])
+    if not args.dry_run:
+        count = trust_notebooks(notebooks)
+        print(f"Trusted the course's {count} notebooks (so their saved experiment controls show before a cell runs).")
     print()
     print(textwrap.fill(SERVER_NOTE, width=100))
     print("$ " + shlex.join(command), flush=True)

@@ -12,8 +12,11 @@ variable             meaning                                     classic default
 ``LOCAL_RANK``       its number on this machine: picks the GPU   ``-1``
 ``WORLD_SIZE``       how many processes in the whole job         ``1``
 ``LOCAL_WORLD_SIZE`` how many processes on this machine
-``GROUP_RANK``       which machine (node) this is: ``--node_rank``
-``MASTER_ADDR/PORT`` where rank 0 hosts the rendezvous store
+``GROUP_RANK``       which machine (node) this is (``--node_rank``
+                     with static rendezvous; c10d assigns it)
+``MASTER_ADDR/PORT`` where the rendezvous store listens (rank 0's
+                     with ``env://``; the agent's under stock
+                     ``torchrun``; ``launch`` meets via a file)
 ===================  ==========================================  ==============
 
 The defaults ``-1``/``-1``/``1`` are how a script finds out that *no* launcher

@@ -22,6 +22,9 @@ def _is_resource_tracker(proc: psutil.Process) -> bool:
 
 
 def snapshot() -> dict:
+    import gc
+
+    gc.collect()  # objects already unreachable (and their descriptors) are not the test's leak
     me = psutil.Process()
     return {
         "children": sorted(p.pid for p in me.children(recursive=True) if not _is_resource_tracker(p)),

@@ -94,3 +94,20 @@ def test_max_abs_diff_ignores_the_ddp_prefix_and_checks_keys():
 def test_score():
     assert ddpkit.Score(3, 4).accuracy == 0.75
     assert ddpkit.Score(3, 4) == ddpkit.Score(3, 4) != ddpkit.Score(3, 5)
+
+
+def test_pid_tagged_counts_the_processes_that_load_batches():
+    import os
+
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from ddpkit._data import PidTagged
+
+    tagged = PidTagged(TensorDataset(torch.arange(8.0), torch.arange(8)))
+    assert len(tagged) == 8 and tagged[3][:2] == (torch.tensor(3.0), torch.tensor(3)) and tagged[3][2] == os.getpid()
+    assert PidTagged(list("abc"))[1] == ("b", os.getpid())
+    loader = DataLoader(tagged, batch_size=4, num_workers=1, multiprocessing_context="fork")
+    pids = {int(p) for _, _, batch_pids in loader for p in batch_pids}
+    assert len(pids) == 1 and os.getpid() not in pids  # one worker process loaded everything
+    with pytest.raises(TypeError, match="TensorDataset"):
+        PidTagged(5)

@@ -4,6 +4,9 @@
    start (float rounding apart), and the replicas stay bit-identical after every step.
 2. ddpkit.exact_accuracy across N ranks equals the single-process accuracy exactly, where a padded
    DistributedSampler would count duplicates.
+3. What chapter 04 teaches about DDP's reducer in PyTorch 2.13: it divides by the world size before it
+   sums, and a parameter without a gradient (find_unused_parameters=False) does not make backward()
+   wait: that step's gradients are silently left unaveraged, and the next forward raises.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import torch
 import torch._dynamo  # noqa: F401  -- DDP's constructor imports it; once here, not in every forked rank
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.nn.utils import parameters_to_vector
 from torch.utils.data import DataLoader, TensorDataset
@@ -124,3 +128,48 @@ def test_measure_throughput_agrees_across_ranks():
 
     rates = ddpkit.launch(work, 2, timeout=120)
     assert rates[0] == rates[1] > 0  # one number for the group: the slowest rank's time counts
+
+
+def averaged_huge_gradient():
+    layer = DDP(nn.Linear(1, 1, bias=False))
+    layer.module.weight.register_hook(lambda g: torch.full_like(g, 3e38))  # near float32's largest value
+    layer(torch.ones(1, 1)).sum().backward()
+    return layer.module.weight.grad.item()
+
+
+def test_the_default_reducer_divides_before_it_sums(no_leaks):
+    # summing first would give 6e38 = inf in float32; dividing first keeps the average finite
+    assert ddpkit.launch(averaged_huge_gradient, 2, timeout=120) == [torch.tensor(3e38).item()] * 2
+
+
+class _TwoHeads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body, self.head, self.unused = nn.Linear(64, 16), nn.Linear(16, 10), nn.Linear(16, 2)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.body(x)))
+
+
+def unused_parameter_steps():
+    rank = dist.get_rank()
+    data = ddpkit.load_digits()
+    torch.manual_seed(0)
+    model = DDP(_TwoHeads())
+    x, y = data.x_train[rank * 16:(rank + 1) * 16], data.y_train[rank * 16:(rank + 1) * 16]
+    F.cross_entropy(model(x), y).backward()  # returns: nothing waits for the missing gradient
+    grad = model.module.head.weight.grad.clone()
+    grads = [torch.empty_like(grad) for _ in range(dist.get_world_size())]
+    dist.all_gather(grads, grad)
+    try:
+        model(x)
+        error = ""
+    except RuntimeError as exc:
+        error = str(exc)
+    return torch.equal(grads[0], grads[1]), error
+
+
+def test_an_unused_parameter_leaves_the_gradients_unaveraged_and_the_next_forward_raises(no_leaks):
+    for averaged, error in ddpkit.launch(unused_parameter_steps, 2, timeout=120):
+        assert not averaged  # the bucket never completed, so it was never all-reduced
+        assert error.startswith("Expected to have finished reduction in the prior iteration")

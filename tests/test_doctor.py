@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import tempfile
+
 import pytest
 
 from ddpkit import _doctor

@@ -19,6 +19,8 @@ EXPECTED = {
     "plot_bandwidth",
     "plot_ranks",
     "DistEnv",
+    "PidTagged",
+    "size_meaning",
     "Experiment",
     "experiment",
     "progress",
