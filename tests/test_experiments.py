@@ -16,7 +16,7 @@ import time
 import pytest
 from jupyter_client.manager import start_new_kernel
 
-from test_kernel import run_cell
+from test_kernel import interrupt_once_working, run_cell
 
 
 @pytest.fixture(scope="module")
@@ -173,22 +173,8 @@ def work():
     time.sleep(120)
 ddpkit.launch(work, world_size=3, timeout=100)
 """
-    msg_id = kc.execute(cell)
-    deadline = time.monotonic() + 60
-    error = None
-    interrupted = False
-    while True:
-        msg = kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        if msg["msg_type"] == "stream" and "[rank0]: working" in msg["content"]["text"] and not interrupted:
-            time.sleep(0.3)
-            km.interrupt_kernel()
-            interrupted = True
-        elif msg["msg_type"] == "error":
-            error = msg["content"]
-        elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            break
+    on_output, _ = interrupt_once_working(km)
+    error = run_cell(kc, cell, timeout=60, on_output=on_output)["error_content"]
     assert error is not None and error["ename"] == "KeyboardInterrupt", error
     assert error["evalue"] == "ddpkit.launch interrupted: stopped ranks 0, 1, 2 of 3 (still running)", error
     frames = "\n".join(error["traceback"])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import queue
 import time
 
 import pytest
@@ -22,7 +21,7 @@ def kernel():
 def run_cell(kc, code: str, timeout: float = 120, on_output=None) -> dict:
     """Execute a cell; return its stdout, stderr and error as the notebook would store them."""
     msg_id = kc.execute(code)
-    result = {"stdout": "", "stderr": "", "error": None}
+    result = {"stdout": "", "stderr": "", "error": None, "error_content": None}
     deadline = time.monotonic() + timeout
     while True:
         msg = kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
@@ -34,9 +33,21 @@ def run_cell(kc, code: str, timeout: float = 120, on_output=None) -> dict:
             if on_output:
                 on_output(result)
         elif kind == "error":
-            result["error"] = content["ename"]
+            result["error"], result["error_content"] = content["ename"], content
         elif kind == "status" and content["execution_state"] == "idle":
             return result
+
+
+def interrupt_once_working(km):
+    """An ``on_output`` for :func:`run_cell` that interrupts the kernel once rank 0 says it is working."""
+    state = {"at": None}
+
+    def on_output(result):
+        if state["at"] is None and "[rank0]: working" in result["stdout"]:
+            km.interrupt_kernel()
+            state["at"] = time.monotonic()
+
+    return on_output, state
 
 
 SETUP = """
@@ -89,35 +100,15 @@ print(*before, *after)
 def test_kernel_interrupt_stops_every_rank(kernel):
     km, kc = kernel
     run_cell(kc, SETUP)
-    started = queue.Queue()
-
-    def on_output(result):
-        if "[rank0]: working" in result["stdout"]:
-            started.put(True)
-
+    on_output, interrupted = interrupt_once_working(km)
     cell = """
 def work():
     print("working", flush=True)
     time.sleep(120)
 ddpkit.launch(work, world_size=3, timeout=100)
 """
-    msg_id = kc.execute(cell)
-    deadline = time.monotonic() + 60
-    interrupted_at = None
-    stdout, error = "", None
-    while True:
-        msg = kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        if msg["msg_type"] == "stream":
-            stdout += msg["content"]["text"]
-            if interrupted_at is None and "[rank0]: working" in stdout:
-                km.interrupt_kernel()
-                interrupted_at = time.monotonic()
-        elif msg["msg_type"] == "error":
-            error = msg["content"]["ename"]
-        elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            break
+    out = run_cell(kc, cell, timeout=60, on_output=on_output)
+    error, interrupted_at = out["error"], interrupted["at"]
     assert interrupted_at is not None, "rank 0's output never arrived"
     assert error == "KeyboardInterrupt"
     assert time.monotonic() - interrupted_at < 15
@@ -138,21 +129,9 @@ def work():
 print(ddpkit.start_method(threads=2)[0])
 ddpkit.launch(work, world_size=2, env={"OMP_NUM_THREADS": "2"}, timeout=100)
 """
-        msg_id = kc.execute(cell)
-        deadline = time.monotonic() + 120
-        stdout, error = "", None
-        while True:
-            msg = kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
-            if msg["parent_header"].get("msg_id") != msg_id:
-                continue
-            if msg["msg_type"] == "stream":
-                stdout += msg["content"]["text"]
-                if "[rank0]: working" in msg["content"]["text"]:
-                    km.interrupt_kernel()
-            elif msg["msg_type"] == "error":
-                error = msg["content"]["ename"]
-            elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-                break
+        on_output, _ = interrupt_once_working(km)
+        out = run_cell(kc, cell, on_output=on_output)
+        stdout, error = out["stdout"], out["error"]
         assert stdout.startswith("forkserver\n") and error == "KeyboardInterrupt", (stdout, error)
         out = run_cell(kc, "server = fs._forkserver._forkserver_pid\n"
                            "print(server, ddpkit.launch(lambda: __import__('os').getppid(), 2, start_method='forkserver'))")
