@@ -312,7 +312,7 @@ def check_first_screen(page) -> None:
     if shown_as_text:
         start = shown_as_text.start()
         untrusted = page.evaluate(NOTEBOOK_STATE)["untrusted"]
-        why = (f" The notebook opened untrusted (as a fresh clone does): "
+        why = (" The notebook opened untrusted (as a fresh clone does): "
                "JupyterLab renders a widget view (an unsafe MIME type) only in trusted cells and shows the "
                "text/plain fallback otherwise, saved widget state or not." if untrusted else
                " The notebook is trusted, so the widget state or the widget extension is missing.")

@@ -12,12 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import tempfile
-
 import pytest
 
 from ddpkit import _doctor
-from ddpkit._doctor import Check, check_cores, check_ports, check_ptrace, check_python, check_torch
+from ddpkit._doctor import check_cores, check_ports, check_ptrace, check_python, check_torch
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 

@@ -13,20 +13,8 @@ import base64
 import struct
 import time
 
-import pytest
-from jupyter_client.manager import start_new_kernel
 
-from test_kernel import interrupt_once_working, run_cell
-
-
-@pytest.fixture(scope="module")
-def kernel():
-    km, kc = start_new_kernel(kernel_name="python3")
-    try:
-        yield km, kc
-    finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=True)
+from test_kernel import interrupt_once_working, kernel, run_cell  # noqa: F401  (kernel: a fixture, one per module)
 
 
 def _create_subshell(kc) -> str:
@@ -108,7 +96,7 @@ def test_clicks_on_a_subshell_draw_every_picture_inside_the_widget(kernel):
         final = states[-1]
         world_size = 1 + click % 3
         text = "".join(o.get("text", "") for o in final if o["output_type"] == "stream")
-        assert f"[rank0]: hello from 0" in text and f"ranks {list(range(world_size))}" in text, text
+        assert "[rank0]: hello from 0" in text and f"ranks {list(range(world_size))}" in text, text
         pictures = [o for o in final if "image/png" in o.get("data", {})]
         assert len(pictures) == 1, final
         assert _png_size(pictures[0]["data"]["image/png"]) > (100, 100)
