@@ -124,11 +124,11 @@ def _report_error(result_conn, exc: BaseException) -> None:
 def main(rank: int, world_size: int, payload, conns: tuple, opts: dict) -> None:
     """Entry point of one rank (the target of its ``multiprocessing.Process``)."""
     out_conn, err_conn, stack_conn, result_conn = conns
+    _name_process(rank, world_size)  # first: setproctitle needs the process's original environment block
     if opts.get("environ") is not None:  # forkserver: the launcher's environment, not the server's
         os.environ.clear()
         os.environ.update(opts["environ"])
     _die_with_parent()
-    _name_process(rank, world_size)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher handles Ctrl-C / kernel interrupt
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the launcher stops a rank with SIGTERM (a forkserver sets its own)
     _redirect(out_conn, err_conn)

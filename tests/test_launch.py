@@ -457,3 +457,16 @@ def test_summary_is_the_first_line_of_a_multi_line_error():
     with pytest.raises(ddpkit.RankFailedError) as info:
         ddpkit.launch(work, 1, init_process_group=False)
     assert info.value.root_cause.summary == "RuntimeError: the real problem"
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+def test_ranks_are_named_in_ps_not_copies_of_the_kernel(method):
+    def name():
+        import psutil
+
+        me = psutil.Process()
+        return " ".join(me.cmdline()).strip(), me.name()
+
+    names = ddpkit.launch(name, 3, start_method=method, init_process_group=False)
+    assert [cmdline for cmdline, _ in names] == [f"ddpkit rank {r}/3" for r in range(3)]
+    assert all(short.startswith("ddpkit rank") for _, short in names)  # what `ps -e` and `top` show
