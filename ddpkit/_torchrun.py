@@ -28,16 +28,20 @@ Three things make it safe to use again and again:
   interrupted, every agent and every worker it started is stopped and the
   directory removed.
 * **Restarts that work.** With ``--max-restarts`` the agent restarts the
-  whole worker group after a failure. Since PyTorch 2.5 the c10d rendezvous
-  shares one TCPStore, hosted by the agent, with the workers, and (in the
-  version measured here) keeps the *same* store for every attempt. The new
+  whole worker group after a failure. In PyTorch 2.13 the c10d rendezvous
+  shares one TCPStore, hosted by the agent, with the workers, and keeps
+  the *same* store for every attempt. The new
   workers' ``init_process_group`` then finds the dead attempt's gloo
   addresses under the very keys it is about to use, may read one before its
   peer overwrites it, and fails with ``Gloo connectFullMesh failed ...
   Connection refused`` or hangs. :func:`torchrun` therefore sets
   ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (pass ``env=`` to override): each
-  attempt's rank 0 then hosts a fresh store on a fresh port. On a cluster,
-  export the same variable before ``torchrun``.
+  attempt's rank 0 then hosts a fresh store on a fresh port (the workers see
+  ``TORCHELASTIC_USE_AGENT_STORE=False``). On a cluster, export the same
+  variable before ``torchrun``. Only the c10d rendezvous (``--standalone``,
+  ``--rdzv-backend=c10d``) reads it: static rendezvous (``--node_rank``,
+  ``--master_port``) always shares the agent's store, and its restarts keep
+  the race (chapter 06, section 5).
 * **Late joiners.** ``join_when="text"`` starts node 0 at once and the other
   nodes only after a worker printed a line containing ``text``: a machine
   joining a running elastic job (``--nnodes=1:2``), on cue.
@@ -299,11 +303,27 @@ def _torchrun_magic(line: str, cell: str) -> int:
     """%%torchrun [--nodes N] [--timeout S] [--agent-log show|clean|hide] [--join-when TEXT] TORCHRUN_ARGS [-- SCRIPT_ARGS]
 
     Run the cell as a script under the real torchrun (see ``ddpkit.torchrun``);
-    the cell's value is the exit status. ``{port}`` and ``{node_rank}`` in
+    the cell's value is the exit status. A line ending in ``\\`` continues
+    on the next line of the cell, as in a shell. ``{port}`` and ``{node_rank}`` in
     the line are ddpkit's placeholders (no ``$var`` or ``{var}`` expansion).
     """
+    line, cell = _join_continued_lines(line, cell)
     args, options, script_args = _parse_magic_line(line)
     return torchrun(cell, *args, script_args=script_args, **options)
+
+
+def _join_continued_lines(line: str, cell: str) -> tuple[str, str]:
+    r"""A magic line ending in ``\`` continues on the cell's next line (a long command stays readable).
+
+    >>> _join_continued_lines("--standalone \\", "  --nproc_per_node=2\nprint('hi')\n")
+    ('--standalone --nproc_per_node=2', "print('hi')\n")
+    """
+    body = cell.split("\n") if cell else []
+    while line.rstrip().endswith("\\") and body:
+        line = line.rstrip()[:-1].rstrip() + " " + body.pop(0).strip()
+    if line.rstrip().endswith("\\"):
+        raise ValueError("the %%torchrun line ends in '\\' but the cell has no next line to continue on")
+    return line, "\n".join(body)
 
 
 _torchrun_magic._ipython_magic_no_var_expand = True  # what IPython's @no_var_expand sets: {port} stays {port}

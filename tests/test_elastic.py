@@ -1,16 +1,21 @@
 """Elastic runs under the real torchrun: a crashed worker group restarts, resumes and ends bit-for-bit the same.
 
 The repeated crash-restart test is the proof behind ddpkit.torchrun's restart fix
-(TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, see ddpkit/_torchrun.py): with torchrun's
-defaults on a 2-core laptop, 2 of 4 such runs failed at the first restart and one hung.
+(TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, see ddpkit/_torchrun.py): with torchrun's defaults the c10d
+rendezvous shares one store across attempts, and on a busy 2-core machine some runs failed at the first
+restart (``Gloo connectFullMesh failed ... Connection refused``) or hung. The variable is read only by the
+c10d handler: static rendezvous always shares the agent's store (tested below), and
+``DDPKIT_MEASURE_STATIC=1 pytest tests/test_elastic.py -k static -s`` counts what that does to its restarts.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import pathlib
+import time
 
 import pytest
 import torch
@@ -19,77 +24,27 @@ import ddpkit
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
-# The same script as notebooks/06_elastic.ipynb: rank 0 checkpoints atomically every 3 steps,
-# rank 1 crashes at step 7 on the first attempt, every attempt resumes from the last checkpoint.
-TRAIN = '''
-import itertools, os, signal, sys
-import torch, torch.distributed as dist
-import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
-import ddpkit
+NOTEBOOK = pathlib.Path(__file__).resolve().parent.parent / "notebooks" / "06_elastic.ipynb"
 
-ckpt_dir, crash = sys.argv[1], sys.argv[2]       # crash: none | raise | exit | kill
-EPOCHS, SAVE_EVERY, CRASH_AT = 3, 3, 7
 
-env = ddpkit.setup_distributed()
-torch.manual_seed(0)
-X = torch.randn(128, 8)
-Y = X @ torch.randn(8, 1) + 0.1 * torch.randn(128, 1)
-data = TensorDataset(X, Y)
-sampler = DistributedSampler(data, shuffle=True, seed=0)
-loader = DataLoader(data, batch_size=16, sampler=sampler)
-model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)))
-opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+def _chapter_script() -> str:
+    """train.py exactly as chapter 06 writes it (its ``%%writefile train.py`` cell): one source of truth.
 
-path = os.path.join(ckpt_dir, "checkpoint.pt")
-epoch, batch, step = 0, 0, 0
-if os.path.exists(path):
-    ckpt = torch.load(path)
-    model.module.load_state_dict(ckpt["model"])
-    opt.load_state_dict(ckpt["optimizer"])
-    epoch, batch, step = ckpt["epoch"], ckpt["batch"], ckpt["step"]
-if env.is_main:
-    print(f"attempt {env.restart_count}: world size {env.world_size}, starting at step {step} (epoch {epoch}, batch {batch})")
+    Rank 0 checkpoints atomically every 3 steps, rank 1 crashes before step 7 on the first attempt, every
+    attempt resumes from the last checkpoint (loaded with map_location="cpu").
+    """
+    cells = json.loads(NOTEBOOK.read_text())["cells"]
+    source = next("".join(c["source"]) for c in cells if "".join(c["source"]).startswith("%%writefile train.py"))
+    return source.split("\n", 1)[1]
 
-def save_checkpoint():
-    if env.is_main:
-        state = {"model": model.module.state_dict(), "optimizer": opt.state_dict(),
-                 "epoch": epoch, "batch": batch, "step": step}
-        torch.save(state, path + ".tmp")
-        os.replace(path + ".tmp", path)
-    dist.barrier()
 
-while epoch < EPOCHS:
-    sampler.set_epoch(epoch)
-    for x, y in itertools.islice(loader, batch, None):
-        if step == CRASH_AT and env.restart_count == 0 and env.rank == 1:
-            if crash == "raise":
-                raise RuntimeError(f"simulated crash at step {step}")
-            if crash == "exit":
-                os._exit(3)
-            if crash == "kill":
-                os.kill(os.getpid(), signal.SIGKILL)
-        loss = F.mse_loss(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        step, batch = step + 1, batch + 1
-        if step % SAVE_EVERY == 0:
-            save_checkpoint()
-    epoch, batch = epoch + 1, 0
-
-if env.is_main:
-    torch.save(model.module.state_dict(), os.path.join(ckpt_dir, "final.pt"))
-    print(f"finished {step} steps, loss {loss.item():.2f}")
-dist.destroy_process_group()
-'''
+TRAIN = _chapter_script()
 
 RUNS = 10
 
 
 def _train(workdir: pathlib.Path, crash: str, *extra: str) -> tuple[int, str, dict]:
-    for name in ("checkpoint.pt", "final.pt"):
+    for name in ("checkpoint.pt", "final.pt", "events.jsonl"):
         with contextlib.suppress(FileNotFoundError):
             (workdir / name).unlink()
     out, err = io.StringIO(), io.StringIO()
@@ -98,7 +53,7 @@ def _train(workdir: pathlib.Path, crash: str, *extra: str) -> tuple[int, str, di
                                  script_args=[workdir, crash], timeout=150, agent_log="hide",
                                  # DDP makes torch create a compiler cache dir in TMPDIR: keep it in ours
                                  env={"TORCHINDUCTOR_CACHE_DIR": str(workdir / "inductor")})
-    final = torch.load(workdir / "final.pt") if status == 0 else {}
+    final = torch.load(workdir / "final.pt", map_location="cpu") if status == 0 else {}
     return status, out.getvalue(), final
 
 
@@ -133,43 +88,90 @@ def test_without_restarts_the_crash_ends_the_run(tmp_path):
     status, out, _ = _train(tmp_path, "raise")  # --max-restarts defaults to 0
     assert status == 1
     assert out.splitlines() == ["[rank0]: attempt 0: world size 2, starting at step 0 (epoch 0, batch 0)"]
-    assert torch.load(tmp_path / "checkpoint.pt")["step"] == 6  # the last checkpoint survives for the next run
+    assert torch.load(tmp_path / "checkpoint.pt", map_location="cpu")["step"] == 6  # the last checkpoint survives for the next run
 
 
 STORE_PROBE = '''
-import os, sys, time, datetime, torch.distributed as dist
+import os, sys, datetime, torch.distributed as dist
 attempt, rank = int(os.environ["TORCHELASTIC_RESTART_COUNT"]), int(os.environ["RANK"])
-ports = os.path.join(sys.argv[1], "ports")
 if rank == 0:
-    with open(ports, "a") as f:
-        print(os.environ["MASTER_PORT"], file=f)
-if attempt == 1 and rank == 0 and os.environ["TORCHELASTIC_USE_AGENT_STORE"] == "True":
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                          timeout=datetime.timedelta(seconds=10))
-    # rank 0 of the default group's gloo context publishes its address under this key
-    print("before init, rank 0's gloo address is already in the store:", store.check(["default_pg/0//cpu//0/0"]))
+    with open(os.path.join(sys.argv[1], "ports"), "a") as f:
+        print(os.environ["MASTER_PORT"], os.environ["TORCHELASTIC_USE_AGENT_STORE"], file=f)
 if attempt == 1:
+    if rank == 0 and os.environ["TORCHELASTIC_USE_AGENT_STORE"] == "True":
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                              timeout=datetime.timedelta(seconds=10))
+        # rank 0 of the default group's gloo context publishes its address under this key (torch 2.13)
+        print("before init, rank 0's gloo address is already in the store:", store.check(["default_pg/0//cpu//0/0"]))
     sys.exit(0)  # the evidence is in; stop before the stale keys can break anything
 dist.init_process_group("gloo")
 dist.barrier()
 if rank == 1:
     os._exit(3)
-time.sleep(60)  # rank 0 waits until the agent stops it
+try:
+    dist.barrier()  # rank 0 fails here when rank 1 is gone (or its agent stops it first)
+except RuntimeError:
+    sys.exit(1)
 '''
+STANDALONE = ("--standalone", "--nproc_per_node=2")
+STATIC = ("--nnodes=2", "--nproc_per_node=1", "--node_rank={node_rank}", "--master_addr=127.0.0.1", "--master_port={port}")
+
+
+def _probe(tmp_path, share: str, where: tuple, nodes: int) -> tuple[list[list[str]], str]:
+    status = ddpkit.torchrun(STORE_PROBE, *where, "--max-restarts=1", nodes=nodes, script_args=[tmp_path],
+                             env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": share}, timeout=120, agent_log="hide")
+    assert status == 0
+    return [line.split() for line in (tmp_path / "ports").read_text().splitlines()], status
 
 
 @pytest.mark.parametrize("share", ["0", "1"])
 def test_the_root_cause_one_store_for_every_attempt(share, tmp_path, capfd):
     """Stock torchrun (share=0 here means sharing on) keeps the agent's store across restarts."""
-    env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": share}
-    status = ddpkit.torchrun(STORE_PROBE, "--standalone", "--nproc_per_node=2", "--max-restarts=1",
-                             script_args=[tmp_path], env=env, timeout=120, agent_log="hide")
-    assert status == 0
+    (first, use_first), (second, use_second) = _probe(tmp_path, share, STANDALONE, 1)[0]
     out, _ = capfd.readouterr()
-    first, second = (tmp_path / "ports").read_text().split()
     if share == "0":  # stock: the same store, still holding the dead attempt's gloo addresses
-        assert first == second
+        assert first == second and use_first == use_second == "True"
         assert "[rank0]: before init, rank 0's gloo address is already in the store: True" in out
     else:  # ddpkit's default: a fresh store on a fresh port for every attempt
-        assert first != second
+        assert first != second and use_first == use_second == "False"
         assert "already in the store" not in out
+
+
+@pytest.mark.parametrize("share", ["0", "1"])
+def test_static_rendezvous_shares_one_store_whatever_the_variable(share, tmp_path, capfd):
+    """Only the c10d handler reads TORCH_DISABLE_SHARE_RDZV_TCP_STORE: static always uses the agent's store."""
+    (first, use_first), (second, use_second) = _probe(tmp_path, share, STATIC, 2)[0]
+    out, _ = capfd.readouterr()
+    assert first == second and use_first == use_second == "True"
+    assert "[rank0]: before init, rank 0's gloo address is already in the store: True" in out
+
+
+STATIC_RUNS = 10
+
+
+@pytest.mark.skipif(os.environ.get("DDPKIT_MEASURE_STATIC") != "1",
+                    reason="a measurement (20 runs of up to 2 minutes): set DDPKIT_MEASURE_STATIC=1 and run with -s")
+@pytest.mark.parametrize("share", ["0", "1"])
+def test_static_restarts_measured(share, tmp_path):
+    """Count how static-rendezvous crash-restart runs end: 2 agents x 1 worker, crash before step 7, 2 restarts."""
+    counts = {"finished": 0, "needed a 2nd restart": 0, "failed": 0, "timed out": 0}
+    for run in range(STATIC_RUNS):
+        workdir = tmp_path / f"run{run}"
+        workdir.mkdir()
+        out, err = io.StringIO(), io.StringIO()
+        start, load = time.monotonic(), os.getloadavg()[0]
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                status = ddpkit.torchrun(TRAIN, *STATIC, "--max-restarts=2", nodes=2, script_args=[workdir, "raise"],
+                                         timeout=150, agent_log="hide",
+                                         env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": share,
+                                              "TORCHINDUCTOR_CACHE_DIR": str(workdir / "inductor")})
+        except TimeoutError:
+            status = None
+        mesh = "Gloo connectFullMesh failed" in err.getvalue()
+        counts["timed out" if status is None else "failed" if status else "finished"] += 1
+        counts["needed a 2nd restart"] += "attempt 2:" in out.getvalue()
+        print(f"share={share} run {run}: status {status}, connectFullMesh failure seen: {mesh}, "
+              f"{time.monotonic() - start:.0f} s, load {load:.1f}", flush=True)
+        assert "[rank0]: attempt 0: world size 2, starting at step 0 (epoch 0, batch 0)" in out.getvalue()
+    print(f"TORCH_DISABLE_SHARE_RDZV_TCP_STORE={share}, {STATIC_RUNS} static runs: {counts}")

@@ -160,6 +160,13 @@ def test_magic_line_parsing_and_registration_outside_ipython():
     )
     with pytest.raises(ValueError, match="needs a value"):
         _parse_magic_line("--standalone --timeout")
+    from ddpkit._torchrun import _join_continued_lines
+
+    assert _join_continued_lines("--standalone \\", " --nproc_per_node=2 \\\n  --max-restarts=1\nimport os\n") == (
+        "--standalone --nproc_per_node=2 --max-restarts=1", "import os\n",
+    )
+    with pytest.raises(ValueError, match="no next line"):
+        _join_continued_lines("--standalone \\", "")
     assert ddpkit.register_magics() is False
 
 
@@ -171,7 +178,9 @@ def test_cell_magic_in_an_ipython_shell(tmp_path):
         shell.run_line_magic("load_ext", "ddpkit")
         port = "not a placeholder"  # {port} in a %%torchrun line is ddpkit's, not a Python expression
         result = shell.run_cell(
-            "%%torchrun --standalone --nproc_per_node=2 --agent-log=hide --master_port={port} -- a b\\n"
+            # a line ending in a backslash continues on the next one, as in a shell
+            "%%torchrun --standalone --nproc_per_node=2 \\\\\\n"
+            "    --agent-log=hide --master_port={port} -- a b\\n"
             "import os, sys\\n"
             "print(os.environ['RANK'], sys.argv[1:])\\n"
         )
