@@ -324,6 +324,10 @@ def check_first_screen(page) -> None:
 
     expect(experiment.locator(".widget-slider").first).to_be_visible(timeout=ACTION * 1000)
     expect(experiment.locator(".ddpkit-run")).to_be_visible(timeout=ACTION * 1000)
+    # every control's label is shown whole (chapter 01's "nproc_per_node" used to be cut to "nproc_per…")
+    cut = experiment.evaluate("""e => [...e.querySelectorAll('.widget-label')]
+        .filter(l => l.textContent && l.scrollWidth > l.clientWidth + 1).map(l => l.textContent)""")
+    assert not cut, f"first screen: control labels cut off: {cut} (use style={{'description_width': 'initial'}})"
     _shot(experiment, "01_first_screen.png")
 
 

@@ -155,3 +155,17 @@ def test_every_chapter_states_the_pytorch_version_it_was_recorded_with(path):
     assert "Recorded with PyTorch 2.13.0" in title, "the title cell says 'Recorded with PyTorch 2.13.0 ...'"
     first_code = next("".join(c["source"]) for c in _cells(path) if c["cell_type"] == "code")
     assert "ddpkit.check_recorded_version()" in first_code
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS + SOLUTIONS, ids=lambda p: p.name)
+def test_cell_magic_lines_fit_the_cell(path):
+    # a long %%torchrun line runs past a JupyterLab cell's edge: continue it on the next line with "\"
+    for cell in _cells(path):
+        lines = "".join(cell["source"]).split("\n")
+        if cell["cell_type"] != "code" or not lines[0].startswith("%%"):
+            continue
+        header = [lines[0]]
+        while header[-1].endswith("\\") and len(header) < len(lines):
+            header.append(lines[len(header)])
+        too_long = [line for line in header if len(line) > 90]
+        assert not too_long, f"magic lines over 90 characters: {too_long}"
