@@ -39,7 +39,11 @@ def _remove(paths: list[str]) -> None:
 
 
 def _exit_on_sigterm(signum, frame):
-    raise SystemExit(128 + signum)  # a normal exit, so the clean-up below runs
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second SIGTERM must not interrupt the clean-up
+    if not __import__("sys").is_finalizing():
+        raise SystemExit(128 + signum)  # a normal exit, so the clean-up below runs
 
 
 if "multiprocessing.forkserver" in __import__("sys").modules:  # in the server, not wherever else it is imported
