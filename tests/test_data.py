@@ -101,7 +101,7 @@ def test_pid_tagged_counts_the_processes_that_load_batches():
 
     from torch.utils.data import DataLoader, TensorDataset
 
-    from ddpkit._data import PidTagged
+    from ddpkit import PidTagged  # public: chapter 05 imports it the same way
 
     tagged = PidTagged(TensorDataset(torch.arange(8.0), torch.arange(8)))
     assert len(tagged) == 8 and tagged[3][:2] == (torch.tensor(3.0), torch.tensor(3)) and tagged[3][2] == os.getpid()
