@@ -10,7 +10,7 @@ rank 0 keeps its colour, so you can follow it with your eye (``log=True``
 makes the scale logarithmic, for values such as products that span orders of
 magnitude). Objects (``*_object`` collectives) are written as wrapped text.
 
-:func:`plot_bandwidth` draws a bandwidth sweep from :mod:`ddpkit._bench`:
+:func:`plot_bandwidth` draws a bandwidth sweep from :func:`ddpkit.collective_bandwidth`:
 time per call and bus bandwidth against the size, one curve per world size,
 with the single-process copy as the dashed reference; the x axis says what the
 size means for the op (the tensor per rank for all_reduce, the whole gathered
@@ -64,6 +64,7 @@ def _fmt(x: float) -> str:
 _CELL_W, _CELL_H = 0.55, 0.42  # inches per drawn number
 _CHAR_W, _LINE_H = 0.068, 0.17  # inches per character and per line of 8-point text
 _TEXT_CHARS = 36  # objects' text is wrapped to this many characters per line
+_TITLE_CHAR_W = 0.1  # inches per character of the 12-point title
 
 
 def _text_lines(value: Any) -> list[str]:
@@ -105,6 +106,8 @@ def plot_ranks(
     >>> len(fig.axes), fig.axes[0].get_ylabel(), fig.axes[1].get_title()
     (4, 'rank 0', 'after')
     """
+    import textwrap
+
     import numpy as np
     from matplotlib.colors import LogNorm, Normalize
     from matplotlib.figure import Figure
@@ -126,17 +129,23 @@ def plot_ranks(
         norm = LogNorm(vmin=low, vmax=high if high > low else low * 10)
     else:
         norm = Normalize(vmin=low, vmax=high if high > low else low + 1)
-    width = max((g.shape[1] for g in numbers), default=1)
     height = max((g.shape[0] for g in numbers), default=1)
-    chars = max((len(line) for lines in texts for line in lines), default=0)
+    # each column is as wide as its own widest value: scatter's "after" is narrower than its "before"
+    widths = [max((g.shape[1] for g in column if g is not None and g.size), default=1) for column in grids]
+    panel_ws = []
+    for c, column in enumerate(columns):
+        chars = max((len(line) for r, v in enumerate(column) if grids[c][r] is None for line in _text_lines(v)),
+                    default=0)
+        panel_ws.append(max(_CELL_W * widths[c], _CHAR_W * chars + 0.2))
     lines = max((len(lines) for lines in texts), default=0)
-    panel_w = max(_CELL_W * width, _CHAR_W * chars + 0.2)
     panel_h = max(_CELL_H * height, _LINE_H * lines + 0.12)
+    fig_w = max(0.9 + sum(w + 0.15 for w in panel_ws), 3.5)
+    title_lines = textwrap.wrap(title, max(20, int((fig_w - 0.3) / _TITLE_CHAR_W))) if title else []
     fig = Figure(
-        figsize=(0.9 + (panel_w + 0.15) * len(columns), 0.5 * bool(title) + 0.3 + (panel_h + 0.12) * world_size),
+        figsize=(fig_w, 0.3 + 0.25 * len(title_lines) + 0.25 * bool(title) + (panel_h + 0.12) * world_size),
         layout="constrained",
     )
-    axes = fig.subplots(world_size, len(columns), squeeze=False)
+    axes = fig.subplots(world_size, len(columns), squeeze=False, gridspec_kw={"width_ratios": panel_ws})
     for c, column in enumerate(columns):
         for r, value in enumerate(column):
             ax, grid = axes[r][c], grids[c][r]
@@ -155,7 +164,7 @@ def plot_ranks(
                         spine.set_linestyle("--")
                 continue
             ax.imshow(grid, cmap=cmap, norm=norm, aspect="auto", extent=(0, grid.shape[1], grid.shape[0], 0))
-            ax.set_xlim(0, width)
+            ax.set_xlim(0, widths[c])
             ax.set_ylim(height, 0)  # one cell is the same size in every panel
             for spine in ax.spines.values():
                 spine.set_visible(False)
@@ -163,7 +172,7 @@ def plot_ranks(
                 ax.text(j + 0.5, i + 0.5, _fmt(x), ha="center", va="center", fontsize=8,
                         color="black" if float(norm(x)) > 0.5 else "white")
     if title:
-        fig.suptitle(title)
+        fig.suptitle("\n".join(title_lines))  # wrapped to the figure's width, never cut off
     return fig
 
 
@@ -185,8 +194,10 @@ def plot_bandwidth(rows: Iterable[Any], reference: Iterable[Any] = (), title: st
 
     ``rows`` are :class:`ddpkit.BandwidthRow` (or dicts with the same keys:
     ``op``, ``world_size``, ``nbytes``, ``seconds``, ``busbw``);
-    ``reference`` rows (the copy) are drawn dashed. The x axis says what the
-    size is for the op drawn (:func:`ddpkit._bench.size_meaning`): the tensor
+    ``reference`` rows (the copy) are drawn dashed; for the copy the right
+    panel's value is simply bytes copied per second (the axis label says so). The
+    x axis says what the size is for the op drawn (:func:`ddpkit.size_meaning`),
+    its ticks in KiB / MiB: the tensor
     each rank hands in for all_reduce, but the whole gathered output for
     all_gather, following ``nccl-tests``. It builds a
     :class:`matplotlib.figure.Figure` without pyplot (safe in a callback).
@@ -195,9 +206,9 @@ def plot_bandwidth(rows: Iterable[Any], reference: Iterable[Any] = (), title: st
     >>> rows = [BandwidthRow("all_reduce", 2, n, n / 1e9) for n in (1024, 4096)]
     >>> fig = plot_bandwidth(rows, [BandwidthRow("copy", 1, n, n / 2e10) for n in (1024, 4096)])
     >>> [ax.get_ylabel() for ax in fig.axes]
-    ['time per call (us)', 'bus bandwidth (GB/s)']
+    ['time per call (us)', 'bus bandwidth (GB/s)\\nfor the copy: GB copied per s']
     >>> fig.axes[0].get_xlabel()
-    'size: the tensor each rank reduces (bytes)'
+    'size: the tensor each rank reduces'
     """
     from matplotlib.figure import Figure
     from matplotlib.ticker import NullLocator
@@ -217,14 +228,15 @@ def plot_bandwidth(rows: Iterable[Any], reference: Iterable[Any] = (), title: st
         for (op, world_size), curve in curves.items():
             curve.sort(key=lambda row: field(row, "nbytes"))
             x = [field(row, "nbytes") for row in curve]
-            label = op if op == "copy" else f"{op}, {world_size} ranks"
+            label = "copy, 1 process" if op == "copy" else f"{op}, {world_size} ranks"
             style = dict(linestyle="--" if dashed else "-", marker="o", markersize=3, label=label)
             ax_time.plot(x, [field(row, "seconds") * 1e6 for row in curve], **style)
             ax_bw.plot(x, [field(row, "busbw") for row in curve], **style)
     ops = list(dict.fromkeys(field(row, "op") for row in rows)) or ["copy"]
-    xlabel = f"size: {size_meaning(ops[0])} (bytes)" if len(ops) == 1 else "size (bytes; its meaning per op: ddpkit._bench.size_meaning)"
+    xlabel = f"size: {size_meaning(ops[0])}" if len(ops) == 1 else "size (its meaning per op: ddpkit.size_meaning)"
     sizes = sorted({field(row, "nbytes") for row in rows + reference})
-    for ax, ylabel in ((ax_time, "time per call (us)"), (ax_bw, "bus bandwidth (GB/s)")):
+    bw_label = "bus bandwidth (GB/s)" + ("\nfor the copy: GB copied per s" if reference else "")
+    for ax, ylabel in ((ax_time, "time per call (us)"), (ax_bw, bw_label)):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xticks(sizes)  # one tick per measured size, written as KiB / MiB

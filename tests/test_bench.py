@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 import ddpkit
-from ddpkit._bench import OPS, default_sizes, main, size_meaning
+from ddpkit import size_meaning
+from ddpkit._bench import OPS, _human, default_sizes, main
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -82,6 +83,18 @@ def test_copy_is_faster_than_gloo_over_loopback():
     assert copy.busbw > reduce.busbw
 
 
+def test_min_statistic_keeps_the_fastest_repeat():
+    (row,) = ddpkit.collective_bandwidth("all_reduce", world_sizes=(2,), sizes=[1 << 20], repeats=3, statistic="min")
+    (copy,) = ddpkit.copy_bandwidth(sizes=[1 << 20], repeats=3, statistic="min")
+    assert row.seconds > 0 and copy.seconds > 0
+    with pytest.raises(ValueError, match="statistic must be 'median'"):
+        ddpkit.copy_bandwidth(sizes=[1024], statistic="mean")
+
+
+def test_sizes_rounded_down_by_a_few_bytes_still_read_as_their_unit():
+    assert [_human(n) for n in (1024, 1048572, 4194300, 16777212, 1000)] == ["1 KiB", "1 MiB", "4 MiB", "16 MiB", "1000 B"]
+
+
 def test_bad_arguments_fail_before_launching():
     with pytest.raises(ValueError, match="unknown op"):
         ddpkit.collective_bandwidth("allreduce")
@@ -102,7 +115,7 @@ def test_table_has_a_header_and_a_line_per_row():
 
 
 def test_command_line_prints_the_sweep_and_the_copy(capsys):
-    rows = main(["--world-sizes", "2", "--max-mb", "1", "--repeats", "1"])
+    rows = main(["--world-sizes", "2", "--max-mb", "1", "--repeats", "1", "--statistic", "min"])
     out = capsys.readouterr().out.splitlines()
     assert len(rows) == 2 * len(default_sizes(largest=1 << 20)) == len(out) - 1
     assert {r.op for r in rows} == {"all_reduce", "copy"}

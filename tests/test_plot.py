@@ -12,7 +12,6 @@ import torch
 import torch.distributed as dist
 
 import ddpkit
-from ddpkit._bench import size_meaning
 from ddpkit._widgets import figure_png
 
 
@@ -94,6 +93,20 @@ def test_log_scale_for_values_spanning_orders_of_magnitude():
         ddpkit.plot_ranks([torch.tensor([0.0, 2.0])], log=True)
 
 
+def test_each_column_is_as_wide_as_its_own_values():
+    before = [[torch.tensor([1.0]), torch.tensor([2.0]), torch.tensor([3.0]), torch.tensor([4.0])], None, None, None]
+    after = [torch.tensor([float(r + 1)]) for r in range(4)]  # scatter: 4 values before, 1 after
+    fig = ddpkit.plot_ranks(before, after, title="scatter: each rank's value before and after")
+    rank0_before, rank0_after = fig.axes[0], fig.axes[1]
+    assert rank0_before.get_xlim() == (0.0, 4.0) and rank0_after.get_xlim() == (0.0, 1.0)
+    figure_png(fig)
+    renderer = fig.canvas.get_renderer()
+    # the narrow "after" panel is narrower than "before", and its number still fills its cell
+    assert rank0_after.get_window_extent(renderer).width < rank0_before.get_window_extent(renderer).width / 2
+    # the title is wrapped, never wider than the figure
+    assert fig._suptitle.get_window_extent(renderer).width <= fig.bbox.width
+
+
 def test_a_single_column_without_after():
     fig = ddpkit.plot_ranks([torch.zeros(3), torch.ones(3)])
     assert len(fig.axes) == 2 and fig.axes[0].get_title() == ""
@@ -125,7 +138,7 @@ def test_bandwidth_plot_draws_the_rows_it_is_given():
     fig = ddpkit.plot_bandwidth(rows, copy)
     time_ax, bw_ax = fig.axes
     labels = [line.get_label() for line in bw_ax.lines]
-    assert labels == ["all_reduce, 2 ranks", "all_reduce, 4 ranks", "copy"]
+    assert labels == ["all_reduce, 2 ranks", "all_reduce, 4 ranks", "copy, 1 process"]
     two = bw_ax.lines[0]
     assert list(two.get_xdata()) == [1024, 4096]  # sorted by size
     assert list(two.get_ydata()) == pytest.approx([1.0, 1.0])  # busbw = algbw for 2 ranks
@@ -133,11 +146,20 @@ def test_bandwidth_plot_draws_the_rows_it_is_given():
     assert list(time_ax.lines[0].get_ydata()) == pytest.approx([1.024, 4.096])
     assert [line.get_linestyle() for line in bw_ax.lines] == ["-", "-", "--"]
     assert time_ax.get_xscale() == "log" and bw_ax.get_yscale() == "log"
-    assert bw_ax.get_xlabel() == "size: the tensor each rank reduces (bytes)"
+    assert bw_ax.get_xlabel() == "size: the tensor each rank reduces"  # the ticks say KiB / MiB
+    assert bw_ax.get_ylabel() == "bus bandwidth (GB/s)\nfor the copy: GB copied per s"
+    assert [t.get_text() for t in bw_ax.get_xticklabels()] == ["1 KiB", "4 KiB"]
+
+
+def test_bandwidth_plot_without_a_reference_says_bus_bandwidth_only():
+    fig = ddpkit.plot_bandwidth([ddpkit.BandwidthRow("all_reduce", 2, 4096, 1e-5)])
+    assert fig.axes[1].get_ylabel() == "bus bandwidth (GB/s)"
+    mixed = ddpkit.plot_bandwidth([ddpkit.BandwidthRow(op, 2, 4096, 1e-5) for op in ("all_reduce", "all_gather")])
+    assert "ddpkit.size_meaning" in mixed.axes[0].get_xlabel() and "_bench" not in mixed.axes[0].get_xlabel()
 
 
 @pytest.mark.parametrize("op", ["all_gather", "reduce_scatter", "all_to_all"])
 def test_bandwidth_axis_says_what_the_size_is_for_each_op(op):
     fig = ddpkit.plot_bandwidth([ddpkit.BandwidthRow(op, 2, 4096, 1e-5)])
-    assert fig.axes[0].get_xlabel() == f"size: {size_meaning(op)} (bytes)"
-    assert "n x" in size_meaning(op) or op == "all_to_all"
+    assert fig.axes[0].get_xlabel() == f"size: {ddpkit.size_meaning(op)}"
+    assert "n x" in ddpkit.size_meaning(op) or op == "all_to_all"
