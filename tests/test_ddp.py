@@ -5,15 +5,17 @@
 2. ddpkit.exact_accuracy across N ranks equals the single-process accuracy exactly, where a padded
    DistributedSampler would count duplicates.
 3. What chapter 04 teaches about DDP's reducer in PyTorch 2.13: it divides by the world size before it
-   sums, and a parameter without a gradient (find_unused_parameters=False) does not make backward()
-   wait: that step's gradients are silently left unaveraged, and the next forward raises.
+   sums, and a parameter without a gradient on every rank alike (find_unused_parameters=False) does not
+   make backward() wait: in the first iteration there is one bucket, so all of that step's gradients are
+   silently left unaveraged, and the next forward raises. (Were the unused set different between ranks,
+   a rank whose buckets all completed would block in backward(); not tested here.)
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-import torch._dynamo  # noqa: F401  -- DDP's constructor imports it; once here, not in every forked rank
+import torch._dynamo  # noqa: F401  -- DDP's constructor imports it; ddpkit.launch also imports it before forking
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
