@@ -28,13 +28,17 @@ Three things make it safe to use again and again:
   interrupted, every agent and every worker it started is stopped and the
   directory removed.
 * **Restarts that work.** With ``--max-restarts`` the agent restarts the
-  whole worker group after a failure. In PyTorch 2.13 the c10d rendezvous
-  shares one TCPStore, hosted by the agent, with the workers, and keeps
-  the *same* store for every attempt. The new
-  workers' ``init_process_group`` then finds the dead attempt's gloo
+  whole worker group after a failure. In PyTorch 2.13 stock torchrun's c10d
+  rendezvous gives the workers a store of their own, apart from the
+  rendezvous's store at ``--rdzv-endpoint``: machine 0's agent starts a
+  second TCPStore, just for the workers, in its first round (or when it has
+  just become machine 0 and has none yet) and reuses that *same* store for
+  every later attempt (``dynamic_rendezvous.py``, ``next_rendezvous``). The
+  new workers' ``init_process_group`` then finds the dead attempt's gloo
   addresses under the very keys it is about to use, may read one before its
   peer overwrites it, and fails with ``Gloo connectFullMesh failed ...
-  Connection refused`` or hangs. :func:`torchrun` therefore sets
+  Connection refused`` or hangs until the process group's timeout.
+  :func:`torchrun` therefore sets
   ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (pass ``env=`` to override): each
   attempt's rank 0 then hosts a fresh store on a fresh port (the workers see
   ``TORCHELASTIC_USE_AGENT_STORE=False``). On a cluster, export the same
