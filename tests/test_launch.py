@@ -14,7 +14,7 @@ import torch.distributed as dist
 import ddpkit
 from ddpkit._launch import _choose_start_method
 
-from conftest import in_notebook
+from support import in_notebook, snapshot
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -216,10 +216,10 @@ def test_the_forkserver_is_started_once_and_reused():
 
 def test_thirty_forkserver_launches_leave_nothing_behind():
     ddpkit.launch(lambda: 0, 2, start_method="forkserver")  # the server itself is a singleton, kept by design
-    before = __import__("conftest").snapshot()
+    before = snapshot()
     for _ in range(30):
         assert ddpkit.launch(lambda: dist.get_rank(), 2, start_method="forkserver") == [0, 1]
-    assert __import__("conftest").snapshot() == before
+    assert snapshot() == before
 
 
 # --------------------------------------------------------------------------- output

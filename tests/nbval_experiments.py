@@ -1,4 +1,9 @@
-"""Chapter notebooks under nbval: after a chapter's last cell, press every experiment it has."""
+"""A pytest plugin (``-p nbval_experiments`` in pyproject.toml): after a chapter's last cell under nbval,
+press every experiment it has, in the same kernel.
+
+A plugin rather than ``notebooks/conftest.py``: two ``conftest.py`` files in folders that are not
+packages clash under ``--doctest-modules`` (both are imported as the module ``conftest``).
+"""
 
 from __future__ import annotations
 
