@@ -96,3 +96,22 @@ def pytest_collection_modifyitems(session, config, items):
         if index + 1 < len(items) and getattr(items[index + 1], "parent", None) is parent:
             continue  # not the notebook's last cell
         items.insert(index + 1, ExperimentPresses.from_parent(parent, name="press every experiment"))
+
+
+# --------------------------------------------------------------------------- a kernel's normal end
+#
+# nbval kills each notebook's kernel (`shutdown_kernel(now=True)`), so its exit handlers never run:
+# a `tempfile.TemporaryDirectory` a chapter keeps until the kernel ends, or the forkserver's socket
+# folder, would stay behind. JupyterLab ends a kernel with a shutdown request, which runs them. Do
+# the same here, so the suite's leftover check (tests/conftest.py) sees what a learner's machine sees.
+
+
+def pytest_configure(config):
+    from nbval.kernel import RunningKernel
+
+    def stop(self):
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=False)  # a shutdown request first; killed only if it does not end
+        del self.km
+
+    RunningKernel.stop = stop
