@@ -57,8 +57,8 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-#: The versions the chapters' saved outputs were recorded with.
-from ._env import RECORDED_WITH  # noqa: E402  (one source of truth, shared with check_recorded_version)
+from ._env import RECORDED_WITH  # what the chapters' saved outputs were recorded with
+
 #: The oldest PyTorch the package supports.
 OLDEST_TORCH = "2.13"
 OLDEST_PYTHON = (3, 10)

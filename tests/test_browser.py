@@ -496,6 +496,8 @@ def test_chapter_01_first_screen_run_all_and_experiment_clicks(no_leaks, lab, pa
     start = time.monotonic()
     try:
         page.goto(lab.url(f"lab/tree/{NOTEBOOK}"), timeout=PAGE_LOAD * 1000)
+        # on a busy machine the page's scripts may still be loading: wait for the app object first
+        page.wait_for_function("() => window.jupyterapp !== undefined", timeout=PAGE_LOAD * 1000)
         page.evaluate("() => window.jupyterapp.restored")
         page.evaluate("() => window.jupyterapp.shell.collapseLeft()")  # room for the notebook in the pictures
         check_first_screen(page)
