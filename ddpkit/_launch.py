@@ -211,17 +211,6 @@ def _loopback_interface() -> str | None:
     return None
 
 
-def _rank_environ(changes: Mapping[str, str | None]) -> dict[str, str]:
-    """This process's environment with a rank's changes applied (``None`` removes a variable)."""
-    environ = dict(os.environ)
-    for name, value in changes.items():
-        if value is None:
-            environ.pop(name, None)
-        else:
-            environ[name] = value
-    return environ
-
-
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -344,7 +333,7 @@ def launch(
         "store_path": os.path.join(tmpdir, "store"),
         "pg_timeout": pg_timeout,
         "threads": threads,
-        "environ": None,  # set per rank below where the child does not inherit our environment
+        "environ": None,  # the rank's whole environment, for a forkserver rank (set below)
     }
     port = _free_port()
     common = {DDPKIT_MARKER: "1", DDPKIT_PG_TIMEOUT: str(pg_timeout)}
@@ -361,11 +350,10 @@ def launch(
         for rank in range(world_size):
             ends = [ctx.Pipe(duplex=False) for _ in range(4)]  # (reader, writer) for out, err, stack, result
             rank_env = {**torchrun_environ(rank, world_size, nnodes, "127.0.0.1", port, threads), **common, **extra}
-            # a forkserver's child inherits the *server's* environment: send the rank's own
-            environ = _rank_environ(rank_env) if method == "forkserver" else None
+            rank_opts = dict(opts)  # pickled when the rank starts (spawn, forkserver), below
             p = ctx.Process(
                 target=_child.main,
-                args=(rank, world_size, carried, tuple(w for _, w in ends), {**opts, "environ": environ}),
+                args=(rank, world_size, carried, tuple(w for _, w in ends), rank_opts),
                 name=f"ddpkit-rank{rank}",
             )
             procs.append(p)
@@ -373,6 +361,8 @@ def launch(
                 readers[r] = (rank, kind)
             try:
                 with patched_environ(rank_env), warnings.catch_warnings():
+                    if method == "forkserver":  # its child inherits the *server's* environment: send the rank's
+                        rank_opts["environ"] = dict(os.environ)
                     warnings.filterwarnings("ignore", message=r".*fork\(\) may lead to deadlocks", category=DeprecationWarning)
                     p.start()
             finally:
