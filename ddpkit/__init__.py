@@ -17,6 +17,8 @@ on a laptop CPU:
 * :func:`load_digits`, :func:`digits_mlp`, :func:`exact_accuracy`,
   :func:`max_abs_diff` and :func:`measure_throughput` are the data and
   checks of the training chapters (04 and 05);
+* :class:`Timeline`, :func:`plot_timeline` and :func:`idle_fraction` record
+  when each rank computed and draw it, bubbles included (chapter 07);
 * :func:`experiment` builds a chapter's experiment (controls, a Run button,
   pictures drawn thread-safely inside the widget) and :func:`progress` shows
   a live bar per rank during a long launch (every chapter);
@@ -35,6 +37,7 @@ from ._errors import LaunchTimeoutError, RankFailedError, RankFailure
 from ._launch import launch, start_method
 from ._plot import plot_bandwidth, plot_ranks
 from ._progress import progress
+from ._timeline import Span, Timeline, idle_fraction, plot_timeline
 from ._torchrun import load_ipython_extension, register_magics, torchrun
 from ._train import Score, exact_accuracy, max_abs_diff, measure_throughput
 from ._widgets import Experiment, experiment
@@ -49,6 +52,8 @@ __all__ = [
     "RankFailedError",
     "RankFailure",
     "Score",
+    "Span",
+    "Timeline",
     "bandwidth_table",
     "bus_factor",
     "check_recorded_version",
@@ -58,6 +63,7 @@ __all__ = [
     "dist_env",
     "exact_accuracy",
     "experiment",
+    "idle_fraction",
     "launch",
     "load_digits",
     "max_abs_diff",
@@ -65,6 +71,7 @@ __all__ = [
     "patched_environ",
     "plot_bandwidth",
     "plot_ranks",
+    "plot_timeline",
     "progress",
     "register_magics",
     "setup_distributed",

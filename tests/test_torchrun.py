@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -82,7 +83,11 @@ def test_bad_arguments_fail_fast():
 
 def test_interrupt_stops_every_agent_and_worker(tmp_path):
     driver = tmp_path / "driver.py"
+    # A process that starts with SIGINT ignored (as under `cmd &` in a non-interactive shell, how CI
+    # scripts often start the suite) gets no KeyboardInterrupt from Python: ask for it explicitly.
     driver.write_text(textwrap.dedent("""
+        import signal
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         import ddpkit
         try:
             ddpkit.torchrun("import time\\nprint('sleeping', flush=True)\\ntime.sleep(120)\\n",
@@ -91,6 +96,7 @@ def test_interrupt_stops_every_agent_and_worker(tmp_path):
             print("interrupted", flush=True)
     """))
     proc = subprocess.Popen([sys.executable, str(driver)], stdout=subprocess.PIPE, text=True)
+    descendants: list[psutil.Process] = []
     try:
         assert proc.stdout.readline().strip() == "[rank0]: sleeping"
         descendants = psutil.Process(proc.pid).children(recursive=True)
@@ -104,6 +110,9 @@ def test_interrupt_stops_every_agent_and_worker(tmp_path):
         proc.kill()
         proc.wait()
         proc.stdout.close()
+        for p in descendants:  # a failed test must not leave the agent and its workers to the next tests
+            with contextlib.suppress(psutil.Error):
+                p.kill()
 
 
 FAILS_EVERY_TIME = """
