@@ -19,6 +19,8 @@ on a laptop CPU:
   checks of the training chapters (04 and 05);
 * :class:`Timeline`, :func:`plot_timeline` and :func:`idle_fraction` record
   when each rank computed and draw it, bubbles included (chapter 07);
+  :func:`check_timing` checks a claim about time again, and says so instead
+  of failing when the machine is busy (:func:`machine_busy`);
 * :func:`experiment` builds a chapter's experiment (controls, a Run button,
   pictures drawn thread-safely inside the widget) and :func:`progress` shows
   a live bar per rank during a long launch (every chapter);
@@ -30,7 +32,16 @@ on a laptop CPU:
 [0, 1, 2]
 """
 
-from ._bench import BandwidthRow, bandwidth_table, bus_factor, collective_bandwidth, copy_bandwidth, size_meaning
+from ._bench import (
+    BandwidthRow,
+    bandwidth_table,
+    bus_factor,
+    check_timing,
+    collective_bandwidth,
+    copy_bandwidth,
+    machine_busy,
+    size_meaning,
+)
 from ._data import Digits, PidTagged, digits_mlp, load_digits
 from ._env import DistEnv, check_recorded_version, dist_env, patched_environ, setup_distributed, torchrun_environ
 from ._errors import LaunchTimeoutError, RankFailedError, RankFailure
@@ -57,6 +68,7 @@ __all__ = [
     "bandwidth_table",
     "bus_factor",
     "check_recorded_version",
+    "check_timing",
     "collective_bandwidth",
     "copy_bandwidth",
     "digits_mlp",
@@ -66,6 +78,7 @@ __all__ = [
     "idle_fraction",
     "launch",
     "load_digits",
+    "machine_busy",
     "max_abs_diff",
     "measure_throughput",
     "patched_environ",

@@ -333,3 +333,54 @@ def main(argv: Sequence[str] | None = None) -> list[BandwidthRow]:
 
 if __name__ == "__main__":  # pragma: no cover
     main()
+
+
+# --------------------------------------------------------------------------- timing claims on shared machines
+#
+# A sentence such as "8 microbatches idle far less than 1" is a claim about time, and time measured on a
+# busy machine includes waiting for a core. The course's rule: measure again when a claim fails, and when
+# the machine stays busy, say so instead of failing; on a quiet machine a failed claim is an error.
+
+
+def machine_busy(factor: float = 1.5) -> bool:
+    """Whether the 1-minute load average exceeds ``factor`` times the number of cores.
+
+    The threshold leaves room for the ranks a notebook itself runs (2 ranks on
+    2 cores give a load near 2); two extra CPU-bound programs push it past 3.
+
+    >>> isinstance(machine_busy(), bool)
+    True
+    """
+    import os
+
+    return os.getloadavg()[0] > factor * (os.cpu_count() or 1)
+
+
+def check_timing(measure: Callable[[], object], claims: Callable[[object], list[str]], *, attempts: int = 3):
+    """Run ``measure()`` until ``claims(result)`` lists no failed claim; return the result.
+
+    ``claims`` returns the sentences that did not hold (an empty list when all
+    did). After ``attempts`` measurements that all failed: on a busy machine
+    (:func:`machine_busy`) it prints which claims went unchecked and why, and
+    returns the last result; on a quiet machine it raises ``AssertionError``
+    with the failed claims, since noise alone should not fail them three times.
+
+    >>> figures = iter([3, 1])
+    >>> check_timing(lambda: next(figures), lambda x: [] if x < 2 else [f"{x} is not below 2"])
+    1
+    """
+    import os
+
+    if attempts < 1:
+        raise ValueError(f"attempts must be at least 1, got {attempts}")
+    for attempt in range(attempts):
+        result = measure()
+        failed = claims(result)
+        if not failed:
+            return result
+    if machine_busy():
+        print(f"this machine is busy (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores): after "
+              f"{attempts} measurements these timing claims still did not hold, and are not checked in this run: "
+              + "; ".join(failed))
+        return result
+    raise AssertionError(f"timing claims failed {attempts} times on a quiet machine: " + "; ".join(failed))

@@ -120,3 +120,28 @@ def test_command_line_prints_the_sweep_and_the_copy(capsys):
     assert len(rows) == 2 * len(default_sizes(largest=1 << 20)) == len(out) - 1
     assert {r.op for r in rows} == {"all_reduce", "copy"}
     assert out[1].split()[:2] == ["all_reduce", "2"] and out[-1].split()[:2] == ["copy", "1"]
+
+
+def test_check_timing_measures_again_and_only_excuses_a_busy_machine(monkeypatch, capsys):
+    import os
+
+    calls = []
+
+    def measure():
+        calls.append(1)
+        return len(calls)
+
+    def claims(n):
+        return [] if n >= 2 else [f"run {n} too slow"]
+
+    assert ddpkit.check_timing(measure, claims) == 2 and len(calls) == 2      # the second measurement held
+    never = lambda _: ["never holds"]  # noqa: E731
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.1, 0.1, 0.1))
+    with pytest.raises(AssertionError, match="quiet machine: never holds"):
+        ddpkit.check_timing(measure, never)
+    monkeypatch.setattr(os, "getloadavg", lambda: (100.0, 100.0, 100.0))
+    assert ddpkit.machine_busy()
+    ddpkit.check_timing(measure, never, attempts=2)
+    assert "are not checked in this run: never holds" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="attempts"):
+        ddpkit.check_timing(measure, never, attempts=0)

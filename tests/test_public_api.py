@@ -25,6 +25,8 @@ EXPECTED = {
     "Timeline",
     "idle_fraction",
     "plot_timeline",
+    "check_timing",
+    "machine_busy",
     "Experiment",
     "experiment",
     "progress",
