@@ -19,7 +19,13 @@ Two placeholders keep the commands honest and the output reproducible:
 own messages ``[agentN]:``; rank 0 live, the rest in order at the end (see
 :mod:`ddpkit._output`). ``agent_log="clean"`` keeps the agents' messages but
 blanks what changes from run to run (times, pids, hosts, the agent's own
-traceback), so a failure report can be read, and compared, every time.
+traceback), so a failure report can be read, and compared, every time. It
+also drops one known false alarm: when agent 0, which hosts the agents'
+store, leaves the exit barrier first, another agent's last read of that
+store fails (``recvValueWithTimeout failed``, C++ frames, then "Error
+waiting on exit barrier" and its traceback). That race is PyTorch's
+(pytorch/pytorch#69520); it happens after every local worker has finished,
+does not change any exit status, and shows up mostly on a busy machine.
 
 Three things make it safe to use again and again:
 
@@ -90,14 +96,52 @@ _CLEAN = [  # what changes from run to run in an agent's message, and what to sh
 ]
 
 
-def _clean(text: str, in_traceback: list[bool]) -> str | None:
-    """One agent line with the run-specific details blanked; ``None`` to drop it (the agent's own traceback)."""
+_EXIT_RACE_CPP = re.compile(r"TCPStore\.cpp:\d+\] \[c10d\] recvValueWithTimeout failed")
+_CPP_FRAME = re.compile(r"^(?:Exception raised from |frame #\d+: )")
+
+
+def _clean(text: str, state: list[bool]) -> str | None:
+    r"""One agent line with the run-specific details blanked; ``None`` to drop it.
+
+    Dropped: the agent's own traceback (its last line, the error, is kept),
+    and the exit-barrier race of pytorch/pytorch#69520 whole (see the module
+    docstring). ``state`` is the node's ``[in_traceback, in_cpp_frames,
+    in_exit_race]``, kept between its lines.
+
+    >>> state = [False, False, False]
+    >>> lines = ["[W1130 14:29:45.99 TCPStore.cpp:138] [c10d] recvValueWithTimeout failed on SocketImpl(fd=4)",
+    ...          "Exception raised from recvBytes at Utils.hpp:787 (most recent call first):",
+    ...          "frame #0: c10::Error::Error() + 0x9d (0x7f23 in libc10.so)",
+    ...          "E1130 14:29:46.001000 7 api.py:1010] Error waiting on exit barrier. Elapsed: 0.5 seconds",
+    ...          "Traceback (most recent call last):", '  File "api.py", line 994, in _exit_barrier',
+    ...          "torch.distributed.DistNetworkError: Failed to recv, got 0 bytes.",
+    ...          "I1130 14:29:46.1 7 api.py:1020] Done", "Traceback (most recent call last):",
+    ...          "ValueError: worker one is broken"]
+    >>> [_clean(line, state) for line in lines][-3:]
+    ['I Done', None, 'ValueError: worker one is broken']
+    >>> [_clean(line, state) for line in lines][:7]
+    [None, None, None, None, None, None, None]
+    """
+    state += [False] * (3 - len(state))
+    if _EXIT_RACE_CPP.search(text):
+        state[1] = True                                   # the C++ warning, then its frames
+        return None
+    if state[1]:
+        if _CPP_FRAME.match(text):
+            return None
+        state[1] = False
+    if "Error waiting on exit barrier" in text:
+        state[2] = True                                   # the agent's log line, then its traceback
+        return None
     if text == "Traceback (most recent call last):":
-        in_traceback[0] = True
-    if in_traceback[0]:
+        state[0] = True
+    if state[0]:
         if not re.match(r"^[\w.]+(Error|Exception)\b", text):
             return None
-        in_traceback[0] = False
+        state[0] = False
+        if state[2]:                                      # the race's own error line
+            state[2] = False
+            return None
     for pattern, replacement in _CLEAN:
         text = pattern.sub(replacement, text)
     return text.rstrip()
@@ -261,7 +305,7 @@ def _relay_until_done(agents, start, later, join_when, timeout, agent_log, tmpdi
                             notice = stream == "err" and _AGENT_NOTICE.match(text.strip())
                             shown = text if agent_log == "show" else None
                             if agent_log == "clean":
-                                shown = _clean(text, in_traceback.setdefault(node, [False]))
+                                shown = _clean(text, in_traceback.setdefault(node, [False, False, False]))
                             if shown is not None:
                                 relay.line(("agent", node), "out" if notice else stream, shown)
         finally:
