@@ -41,6 +41,7 @@ def _chapter_script() -> str:
 TRAIN = _chapter_script()
 
 RUNS = 10
+_LAST_STDERR = [""]  # the last _train's stderr (the workers' tracebacks), for failure messages
 
 
 def _train(workdir: pathlib.Path, crash: str, *extra: str) -> tuple[int, str, dict]:
@@ -54,6 +55,7 @@ def _train(workdir: pathlib.Path, crash: str, *extra: str) -> tuple[int, str, di
                                  # DDP makes torch create a compiler cache dir in TMPDIR: keep it in ours
                                  env={"TORCHINDUCTOR_CACHE_DIR": str(workdir / "inductor")})
     final = torch.load(workdir / "final.pt", map_location="cpu") if status == 0 else {}
+    _LAST_STDERR[0] = err.getvalue()
     return status, out.getvalue(), final
 
 
@@ -61,7 +63,7 @@ def _train(workdir: pathlib.Path, crash: str, *extra: str) -> tuple[int, str, di
 def reference(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("reference")
     status, out, final = _train(workdir, "none")
-    assert status == 0, out
+    assert status == 0, out + "\nstderr:\n" + _LAST_STDERR[0]
     assert out.splitlines() == [
         "[rank0]: attempt 0: world size 2, starting at step 0 (epoch 0, batch 0)",
         f"[rank0]: finished 12 steps, loss {out.split('loss ')[-1].strip()}",
@@ -75,7 +77,7 @@ def test_crash_restart_resume_is_reliable_and_bit_exact(run, reference, tmp_path
     # one restart only: a first restart that failed (e.g. connectFullMesh on stale keys) must fail the run,
     # not be rescued by a second one
     status, out, final = _train(tmp_path, crash, "--max-restarts=1")
-    assert status == 0, f"run {run} ({crash}) failed:\n{out}"
+    assert status == 0, f"run {run} ({crash}) failed:\n{out}\nstderr:\n{_LAST_STDERR[0]}"
     lines = out.splitlines()
     assert lines[:2] == [
         "[rank0]: attempt 0: world size 2, starting at step 0 (epoch 0, batch 0)",
