@@ -38,6 +38,7 @@ Chapter 03 (``notebooks/03_collectives.ipynb``) teaches this module.
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
 import time
 from typing import Callable, Iterable, Sequence
@@ -351,8 +352,6 @@ def machine_busy(factor: float = 1.5) -> bool:
     >>> isinstance(machine_busy(), bool)
     True
     """
-    import os
-
     return os.getloadavg()[0] > factor * (os.cpu_count() or 1)
 
 
@@ -369,11 +368,9 @@ def check_timing(measure: Callable[[], object], claims: Callable[[object], list[
     >>> check_timing(lambda: next(figures), lambda x: [] if x < 2 else [f"{x} is not below 2"])
     1
     """
-    import os
-
     if attempts < 1:
         raise ValueError(f"attempts must be at least 1, got {attempts}")
-    for attempt in range(attempts):
+    for _ in range(attempts):
         result = measure()
         failed = claims(result)
         if not failed:

@@ -122,7 +122,6 @@ def _clean(text: str, state: list[bool]) -> str | None:
     >>> [_clean(line, state) for line in lines][:7]
     [None, None, None, None, None, None, None]
     """
-    state += [False] * (3 - len(state))
     if _EXIT_RACE_CPP.search(text):
         state[1] = True                                   # the C++ warning, then its frames
         return None
@@ -266,7 +265,7 @@ def torchrun(
 def _relay_until_done(agents, start, later, join_when, timeout, agent_log, tmpdir) -> int:
     relay = Relay()
     partial: dict[tuple[int, str], bytes] = {}
-    in_traceback: dict[int, list[bool]] = {}
+    clean_state: dict[int, list[bool]] = {}
     begin = time.monotonic()
     with selectors.DefaultSelector() as sel:
 
@@ -305,7 +304,7 @@ def _relay_until_done(agents, start, later, join_when, timeout, agent_log, tmpdi
                             notice = stream == "err" and _AGENT_NOTICE.match(text.strip())
                             shown = text if agent_log == "show" else None
                             if agent_log == "clean":
-                                shown = _clean(text, in_traceback.setdefault(node, [False, False, False]))
+                                shown = _clean(text, clean_state.setdefault(node, [False, False, False]))
                             if shown is not None:
                                 relay.line(("agent", node), "out" if notice else stream, shown)
         finally:

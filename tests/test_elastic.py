@@ -41,10 +41,9 @@ def _chapter_script() -> str:
 TRAIN = _chapter_script()
 
 RUNS = 10
-_LAST_STDERR = [""]  # the last _train's stderr (the workers' tracebacks), for failure messages
 
 
-def _train(workdir: pathlib.Path, crash: str, *extra: str) -> tuple[int, str, dict]:
+def _train(workdir: pathlib.Path, crash: str, *extra: str) -> tuple[int, str, str, dict]:
     for name in ("checkpoint.pt", "final.pt", "events.jsonl"):
         with contextlib.suppress(FileNotFoundError):
             (workdir / name).unlink()
@@ -55,15 +54,14 @@ def _train(workdir: pathlib.Path, crash: str, *extra: str) -> tuple[int, str, di
                                  # DDP makes torch create a compiler cache dir in TMPDIR: keep it in ours
                                  env={"TORCHINDUCTOR_CACHE_DIR": str(workdir / "inductor")})
     final = torch.load(workdir / "final.pt", map_location="cpu") if status == 0 else {}
-    _LAST_STDERR[0] = err.getvalue()
-    return status, out.getvalue(), final
+    return status, out.getvalue(), err.getvalue(), final
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("reference")
-    status, out, final = _train(workdir, "none")
-    assert status == 0, out + "\nstderr:\n" + _LAST_STDERR[0]
+    status, out, err, final = _train(workdir, "none")
+    assert status == 0, f"{out}\nstderr:\n{err}"
     assert out.splitlines() == [
         "[rank0]: attempt 0: world size 2, starting at step 0 (epoch 0, batch 0)",
         f"[rank0]: finished 12 steps, loss {out.split('loss ')[-1].strip()}",
@@ -76,8 +74,8 @@ def test_crash_restart_resume_is_reliable_and_bit_exact(run, reference, tmp_path
     crash = ("raise", "exit", "kill")[run % 3]
     # one restart only: a first restart that failed (e.g. connectFullMesh on stale keys) must fail the run,
     # not be rescued by a second one
-    status, out, final = _train(tmp_path, crash, "--max-restarts=1")
-    assert status == 0, f"run {run} ({crash}) failed:\n{out}\nstderr:\n{_LAST_STDERR[0]}"
+    status, out, err, final = _train(tmp_path, crash, "--max-restarts=1")
+    assert status == 0, f"run {run} ({crash}) failed:\n{out}\nstderr:\n{err}"
     lines = out.splitlines()
     assert lines[:2] == [
         "[rank0]: attempt 0: world size 2, starting at step 0 (epoch 0, batch 0)",
@@ -90,7 +88,7 @@ def test_crash_restart_resume_is_reliable_and_bit_exact(run, reference, tmp_path
 
 
 def test_without_restarts_the_crash_ends_the_run(tmp_path):
-    status, out, _ = _train(tmp_path, "raise")  # --max-restarts defaults to 0
+    status, out, _, _ = _train(tmp_path, "raise")  # --max-restarts defaults to 0
     assert status == 1
     assert out.splitlines() == ["[rank0]: attempt 0: world size 2, starting at step 0 (epoch 0, batch 0)"]
     assert torch.load(tmp_path / "checkpoint.pt", map_location="cpu")["step"] == 6  # the last checkpoint stays: a new run on this directory would resume
