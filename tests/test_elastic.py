@@ -6,6 +6,21 @@ gives the workers one TCPStore (apart from the rendezvous's own) and reuses it f
 2-core machine some runs failed at the first restart (``Gloo connectFullMesh failed ... Connection refused``) or hung. The variable is read only by the
 c10d handler: static rendezvous always shares the agent's store (tested below), and
 ``DDPKIT_MEASURE_STATIC=1 pytest tests/test_elastic.py -k static -s`` counts what that does to its restarts.
+
+One PyTorch race at process exit is tolerated, by one rerun, and only with its exact signature: a rank that has
+finished (its last line printed, final.pt saved) is killed by SIGABRT with ``terminate called without an active
+exception`` while the interpreter shuts down. Measured under load on 2 cores (2 busy-loop processes): 1 in 25 runs
+of the reference, 1 in 40 of a plain 2-rank DDP script with no ddpkit at all. With ``TORCH_CUSTOM_TERMINATE=1`` the
+C++ stack shows why: a gloo worker thread (``ProcessGroupGloo::runLoop``) drops its last reference to a finished
+``AsyncAllreduceWork``; the work's saved ``ThreadLocalState`` holds a Python object (the ``contextvars`` context that
+``torch/autograd/graph.py:_engine_run_backward`` stashes in thread-local state during every backward, when DDP
+launches its all-reduce); releasing it takes the GIL, the interpreter is already finalizing, so the thread is ended
+by ``pthread_exit`` and its unwinding through a ``noexcept`` frame calls ``std::terminate``. The worker threads are
+still running at exit because a ``DistributedDataParallel`` model keeps its process group alive after
+``destroy_process_group()`` (in torch 2.13 the group's threads stay even after ``del model; gc.collect()``), and
+gloo's workers stop only in the group's destructor. pytorch/pytorch#179291 describes the same race and was abandoned.
+ddpkit.launch on Linux (fork or forkserver) does not meet it: multiprocessing ends such a child with ``os._exit``,
+without interpreter finalization.
 """
 
 from __future__ import annotations
@@ -16,6 +31,7 @@ import json
 import os
 import pathlib
 import time
+import warnings
 
 import pytest
 import torch
@@ -43,7 +59,18 @@ TRAIN = _chapter_script()
 RUNS = 10
 
 
+EXIT_RACE = "terminate called without an active exception"  # see the module docstring
+
+
 def _train(workdir: pathlib.Path, crash: str, *extra: str) -> tuple[int, str, str, dict]:
+    status, out, err, final = _train_once(workdir, crash, *extra)
+    if EXIT_RACE in err and "finished 12 steps" in out:  # the training ended; only the exit raced: run it again
+        warnings.warn(f"PyTorch's exit race (see tests/test_elastic.py's docstring), run again:\n{err}", stacklevel=2)
+        status, out, err, final = _train_once(workdir, crash, *extra)
+    return status, out, err, final
+
+
+def _train_once(workdir: pathlib.Path, crash: str, *extra: str) -> tuple[int, str, str, dict]:
     for name in ("checkpoint.pt", "final.pt", "events.jsonl"):
         with contextlib.suppress(FileNotFoundError):
             (workdir / name).unlink()
