@@ -19,8 +19,8 @@ Two placeholders keep the commands honest and the output reproducible:
 own messages ``[agentN]:``; rank 0 live, the rest in order at the end (see
 :mod:`ddpkit._output`). ``agent_log="clean"`` keeps the agents' messages but
 blanks what changes from run to run (times, pids, hosts, the agent's own
-traceback), so a failure report can be read, and compared, every time. It
-also drops one known false alarm: when agent 0, which hosts the agents'
+traceback), so a failure report can be read, and compared, every time.
+Both ``"clean"`` and the default ``"show"`` drop one known false alarm: when agent 0, which hosts the agents'
 store, leaves the exit barrier first, another agent's last read of that
 store fails (``recvValueWithTimeout failed``, C++ frames, then "Error
 waiting on exit barrier" and its traceback). That race is PyTorch's
@@ -100,37 +100,57 @@ _EXIT_RACE_CPP = re.compile(r"TCPStore\.cpp:\d+\] \[c10d\] recvValueWithTimeout 
 _CPP_FRAME = re.compile(r"^(?:Exception raised from |frame #\d+: )")
 
 
-def _clean(text: str, state: list[bool]) -> str | None:
-    r"""One agent line with the run-specific details blanked; ``None`` to drop it.
+def _exit_race(text: str, state: list[bool]) -> bool:
+    r"""Whether one agent line belongs to the exit-barrier race of pytorch/pytorch#69520 (module docstring).
 
-    Dropped: the agent's own traceback (its last line, the error, is kept),
-    and the exit-barrier race of pytorch/pytorch#69520 whole (see the module
-    docstring). ``state`` is the node's ``[in_traceback, in_cpp_frames,
-    in_exit_race]``, kept between its lines.
+    The race is a C++ warning and its frames, then the agent's ``logger.exception`` line "Error waiting on
+    exit barrier" (``elastic/agent/server/api.py``, ``_exit_barrier``), its traceback and, last, its error
+    line. ``state`` is the node's ``[in_cpp_frames, in_race]``, kept between its lines.
 
-    >>> state = [False, False, False]
+    >>> state = [False, False]
     >>> lines = ["[W1130 14:29:45.99 TCPStore.cpp:138] [c10d] recvValueWithTimeout failed on SocketImpl(fd=4)",
     ...          "Exception raised from recvBytes at Utils.hpp:787 (most recent call first):",
     ...          "frame #0: c10::Error::Error() + 0x9d (0x7f23 in libc10.so)",
     ...          "E1130 14:29:46.001000 7 api.py:1010] Error waiting on exit barrier. Elapsed: 0.5 seconds",
     ...          "Traceback (most recent call last):", '  File "api.py", line 994, in _exit_barrier',
     ...          "torch.distributed.DistNetworkError: Failed to recv, got 0 bytes.",
-    ...          "I1130 14:29:46.1 7 api.py:1020] Done", "Traceback (most recent call last):",
-    ...          "ValueError: worker one is broken"]
-    >>> [_clean(line, state) for line in lines][-3:]
-    ['I Done', None, 'ValueError: worker one is broken']
-    >>> [_clean(line, state) for line in lines][:7]
-    [None, None, None, None, None, None, None]
+    ...          "I1130 14:29:46.1 7 api.py:1020] Done"]
+    >>> [_exit_race(line, state) for line in lines]
+    [True, True, True, True, True, True, True, False]
     """
     if _EXIT_RACE_CPP.search(text):
-        state[1] = True                                   # the C++ warning, then its frames
-        return None
-    if state[1]:
+        state[0] = True                                   # the C++ warning, then its frames
+        return True
+    if state[0]:
         if _CPP_FRAME.match(text):
-            return None
-        state[1] = False
+            return True
+        state[0] = False
     if "Error waiting on exit barrier" in text:
-        state[2] = True                                   # the agent's log line, then its traceback
+        state[1] = True                                   # the agent's log line, then its traceback
+        return True
+    if state[1]:
+        if re.match(r"^[\w.]+(Error|Exception)\b", text):
+            state[1] = False                              # the race's own error line, its last
+        return True
+    return False
+
+
+def _clean(text: str, state: list[bool]) -> str | None:
+    r"""One agent line with the run-specific details blanked; ``None`` to drop it.
+
+    Dropped: the agent's own traceback (its last line, the error, is kept),
+    and the exit-barrier race (:func:`_exit_race`), which ``"show"`` drops too.
+    ``state`` is the node's ``[in_traceback, exit_race_state]``, kept between
+    its lines.
+
+    >>> state = [False, [False, False]]
+    >>> lines = ["E1130 14:29:46.001000 7 api.py:1020] worker group failed (pid: 123)",
+    ...          "Traceback (most recent call last):", '  File "api.py", line 994, in run',
+    ...          "ValueError: worker one is broken", "I1130 14:29:46.1 7 api.py:1020] Done"]
+    >>> [_clean(line, state) for line in lines]
+    ['E worker group failed (pid: <pid>)', None, None, 'ValueError: worker one is broken', 'I Done']
+    """
+    if _exit_race(text, state[1]):
         return None
     if text == "Traceback (most recent call last):":
         state[0] = True
@@ -138,9 +158,6 @@ def _clean(text: str, state: list[bool]) -> str | None:
         if not re.match(r"^[\w.]+(Error|Exception)\b", text):
             return None
         state[0] = False
-        if state[2]:                                      # the race's own error line
-            state[2] = False
-            return None
     for pattern, replacement in _CLEAN:
         text = pattern.sub(replacement, text)
     return text.rstrip()
@@ -191,7 +208,8 @@ def torchrun(
     paths in ``script_args`` for files that must outlive the run). ``env``
     adds or removes (``None``) variables for the agents, on top of
     ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (reliable restarts).
-    ``agent_log``: ``"show"`` the agents' lines as they are, ``"clean"``
+    ``agent_log``: ``"show"`` the agents' lines as they are (less the exit-barrier
+    false alarm of the module docstring), ``"clean"``
     them of times, pids, hosts and ports, ``"hide"`` them, or pass a list
     to collect them (raw) instead of printing. Raises ``TimeoutError``
     after ``timeout`` seconds, having stopped everything.
@@ -265,7 +283,7 @@ def torchrun(
 def _relay_until_done(agents, start, later, join_when, timeout, agent_log, tmpdir) -> int:
     relay = Relay()
     partial: dict[tuple[int, str], bytes] = {}
-    clean_state: dict[int, list[bool]] = {}
+    clean_state: dict[int, list] = {}  # per node, for _exit_race (show) or _clean (clean)
     begin = time.monotonic()
     with selectors.DefaultSelector() as sel:
 
@@ -302,9 +320,12 @@ def _relay_until_done(agents, start, later, join_when, timeout, agent_log, tmpdi
                             agent_log.append(text)
                         else:
                             notice = stream == "err" and _AGENT_NOTICE.match(text.strip())
-                            shown = text if agent_log == "show" else None
-                            if agent_log == "clean":
-                                shown = _clean(text, clean_state.setdefault(node, [False, False, False]))
+                            shown = None  # agent_log="hide"
+                            if agent_log == "show":
+                                race = clean_state.setdefault(node, [False, False])
+                                shown = None if _exit_race(text, race) else text
+                            elif agent_log == "clean":
+                                shown = _clean(text, clean_state.setdefault(node, [False, [False, False]]))
                             if shown is not None:
                                 relay.line(("agent", node), "out" if notice else stream, shown)
         finally:
