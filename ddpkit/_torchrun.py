@@ -20,10 +20,11 @@ own messages ``[agentN]:``; rank 0 live, the rest in order at the end (see
 :mod:`ddpkit._output`). ``agent_log="clean"`` keeps the agents' messages but
 blanks what changes from run to run (times, pids, hosts, the agent's own
 traceback), so a failure report can be read, and compared, every time.
-Both ``"clean"`` and the default ``"show"`` drop one known false alarm: when agent 0, which hosts the agents'
-store, leaves the exit barrier first, another agent's last read of that
-store fails (``recvValueWithTimeout failed``, C++ frames, then "Error
-waiting on exit barrier" and its traceback). That race is PyTorch's
+Both ``"clean"`` and the default ``"show"`` drop one known false alarm:
+when agent 0, which hosts the agents' store, leaves the exit barrier
+first, another agent's last read of that store fails
+(``recvValueWithTimeout failed``, C++ frames, then "Error waiting on exit
+barrier" and its traceback). That race is PyTorch's
 (pytorch/pytorch#69520); it happens after every local worker has finished,
 does not change any exit status, and shows up mostly on a busy machine.
 
@@ -98,6 +99,7 @@ _CLEAN = [  # what changes from run to run in an agent's message, and what to sh
 
 _EXIT_RACE_CPP = re.compile(r"TCPStore\.cpp:\d+\] \[c10d\] recvValueWithTimeout failed")
 _CPP_FRAME = re.compile(r"^(?:Exception raised from |frame #\d+: )")
+_ERROR_LINE = re.compile(r"^[\w.]+(Error|Exception)\b")  # a traceback's last line
 
 
 def _exit_race(text: str, state: list[bool]) -> bool:
@@ -129,7 +131,7 @@ def _exit_race(text: str, state: list[bool]) -> bool:
         state[1] = True                                   # the agent's log line, then its traceback
         return True
     if state[1]:
-        if re.match(r"^[\w.]+(Error|Exception)\b", text):
+        if _ERROR_LINE.match(text):
             state[1] = False                              # the race's own error line, its last
         return True
     return False
@@ -155,7 +157,7 @@ def _clean(text: str, state: list[bool]) -> str | None:
     if text == "Traceback (most recent call last):":
         state[0] = True
     if state[0]:
-        if not re.match(r"^[\w.]+(Error|Exception)\b", text):
+        if not _ERROR_LINE.match(text):
             return None
         state[0] = False
     for pattern, replacement in _CLEAN:
@@ -283,7 +285,7 @@ def torchrun(
 def _relay_until_done(agents, start, later, join_when, timeout, agent_log, tmpdir) -> int:
     relay = Relay()
     partial: dict[tuple[int, str], bytes] = {}
-    clean_state: dict[int, list] = {}  # per node, for _exit_race (show) or _clean (clean)
+    clean_state: dict[int, list] = {}  # per node: _clean's [in_traceback, _exit_race's state]
     begin = time.monotonic()
     with selectors.DefaultSelector() as sel:
 
@@ -320,12 +322,12 @@ def _relay_until_done(agents, start, later, join_when, timeout, agent_log, tmpdi
                             agent_log.append(text)
                         else:
                             notice = stream == "err" and _AGENT_NOTICE.match(text.strip())
+                            state = clean_state.setdefault(node, [False, [False, False]])
                             shown = None  # agent_log="hide"
                             if agent_log == "show":
-                                race = clean_state.setdefault(node, [False, False])
-                                shown = None if _exit_race(text, race) else text
+                                shown = None if _exit_race(text, state[1]) else text
                             elif agent_log == "clean":
-                                shown = _clean(text, clean_state.setdefault(node, [False, [False, False]]))
+                                shown = _clean(text, state)
                             if shown is not None:
                                 relay.line(("agent", node), "out" if notice else stream, shown)
         finally:

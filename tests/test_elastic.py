@@ -8,20 +8,20 @@ c10d handler: static rendezvous always shares the agent's store (tested below), 
 ``DDPKIT_MEASURE_STATIC=1 pytest tests/test_elastic.py -k static -s`` counts what that does to its restarts.
 
 One PyTorch race at process exit is tolerated, by one rerun, and only with its exact signature: a run that failed
-although its training finished ("finished 12 steps"), with a rank killed by SIGABRT with ``terminate called
-without an active exception`` while the interpreter shut down. (The same abort also follows a rank's own exception,
-a crashed attempt's rank 0, where it changes nothing.) Measured under load on 2 cores (2 busy-loop processes): 1 in
-25 runs of the reference, 1 in 40 of a plain 2-rank DDP script with no ddpkit at all. With ``TORCH_CUSTOM_TERMINATE=1`` the
-C++ stack shows why: a gloo worker thread (``ProcessGroupGloo::runLoop``) drops its last reference to a finished
-``AsyncAllreduceWork``; the work's saved ``ThreadLocalState`` holds a Python object (the ``contextvars`` context that
-``torch/autograd/graph.py:_engine_run_backward`` stashes in thread-local state during every backward, when DDP
+although its training finished ("finished 12 steps"), with a rank killed by SIGABRT with ``terminate called without
+an active exception`` while the interpreter shut down. (The same abort also follows a rank's own exception, a
+crashed attempt's rank 0, where it changes nothing.) Measured under load on 2 cores (2 busy-loop processes): 1 in 25
+runs of the reference, 1 in 40 of a plain 2-rank DDP script with no ddpkit at all. With ``TORCH_CUSTOM_TERMINATE=1``
+the C++ stack shows why: a gloo worker thread (``ProcessGroupGloo::runLoop``) drops its last reference to a finished
+``AsyncAllreduceWork``; the work's saved ``ThreadLocalState`` holds a Python object (the ``contextvars`` context
+that ``torch/autograd/graph.py:_engine_run_backward`` stashes in thread-local state during every backward, when DDP
 launches its all-reduce); releasing it takes the GIL, the interpreter is already finalizing, so the thread is ended
 by ``pthread_exit`` and its unwinding through a ``noexcept`` frame calls ``std::terminate``. The worker threads are
 still running at exit because a ``DistributedDataParallel`` model keeps its process group alive after
 ``destroy_process_group()`` (in torch 2.13 the group's threads stay even after ``del model; gc.collect()``), and
-gloo's workers stop only in the group's destructor. pytorch/pytorch#179291 describes the same race and was abandoned.
-ddpkit.launch on Linux (fork or forkserver) does not meet it: multiprocessing ends such a child with ``os._exit``,
-without interpreter finalization.
+gloo's workers stop only in the group's destructor. pytorch/pytorch#179291 describes the same race and was
+abandoned. ddpkit.launch on Linux (fork or forkserver) does not meet it: multiprocessing ends such a child with
+``os._exit``, without interpreter finalization.
 """
 
 from __future__ import annotations
