@@ -21,6 +21,9 @@ on a laptop CPU:
   when each rank computed and draw it, bubbles included (chapter 07);
   :func:`check_timing` checks a claim about time again, and says so instead
   of failing when the machine is busy (:func:`machine_busy`);
+* :func:`flight_record` and :func:`first_mismatch` compare the ranks'
+  flight-recorder entries and name the first collective they disagree on,
+  the usual cause of a hang (chapter 11);
 * :func:`experiment` builds a chapter's experiment (controls, a Run button,
   pictures drawn thread-safely inside the widget) and :func:`progress` shows
   a live bar per rank during a long launch (every chapter);
@@ -45,6 +48,7 @@ from ._bench import (
 from ._data import Digits, PidTagged, digits_mlp, load_digits
 from ._env import DistEnv, check_recorded_version, dist_env, patched_environ, setup_distributed, torchrun_environ
 from ._errors import LaunchTimeoutError, RankFailedError, RankFailure
+from ._flight import Collective, Mismatch, first_mismatch, flight_record
 from ._launch import launch, start_method
 from ._plot import plot_bandwidth, plot_ranks
 from ._progress import progress
@@ -55,10 +59,12 @@ from ._widgets import Experiment, experiment
 
 __all__ = [
     "BandwidthRow",
+    "Collective",
     "Digits",
     "DistEnv",
     "Experiment",
     "LaunchTimeoutError",
+    "Mismatch",
     "PidTagged",
     "RankFailedError",
     "RankFailure",
@@ -75,6 +81,8 @@ __all__ = [
     "dist_env",
     "exact_accuracy",
     "experiment",
+    "first_mismatch",
+    "flight_record",
     "idle_fraction",
     "launch",
     "load_digits",
