@@ -16,6 +16,7 @@ all_reduce, return. We time it six ways and print medians and ratios:
 
 Run by hand:   python benchmarks/launch_latency.py [--world-size 4] [--repeats 5]
 Smoke mode:    python benchmarks/launch_latency.py --smoke   (world size 2, one repeat; used by the tests)
+All figures:   python benchmarks/run_all.py   (this measurement is one of its parts: ``measure`` below)
 
 These are timings on a shared machine: read them as orders of magnitude.
 """
@@ -98,16 +99,23 @@ def time_warm_ddpkit(world_size: int, repeats: int, method: str = "fork") -> tup
     return times, first
 
 
-def main(argv: list[str] | None = None) -> dict[str, float]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--world-size", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--smoke", action="store_true", help="world size 2, one repeat: proves the script runs")
-    opts = parser.parse_args(argv)
-    if opts.smoke:
-        opts.world_size, opts.repeats = 2, 1
-    n, repeats = opts.world_size, opts.repeats
+#: The rows of the result, in the order they are measured and printed.
+LABELS = (
+    "ddpkit.launch (warm, fork)",
+    "ddpkit.launch (warm, forkserver)",
+    "ddpkit.launch (warm, spawn)",
+    "ddpkit.launch (process, fork)",
+    "mp.spawn (process)",
+    "torchrun (process)",
+)
 
+
+def measure(world_size: int, repeats: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Median seconds of each way to start a job (``LABELS``), and each start method's first (warm-up) launch.
+
+    Used by this script and by ``benchmarks/run_all.py``.
+    """
+    n = world_size
     medians: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         # TMPDIR too: torchrun leaves a torchelastic_* log directory behind in it
@@ -129,6 +137,20 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             medians[f"ddpkit.launch (warm, {method})"] = statistics.median(times)
         for label, cmd in commands.items():
             medians[label] = statistics.median(time_process(cmd, env) for _ in range(repeats))
+    assert list(medians) == list(LABELS)
+    return medians, firsts
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--world-size", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--smoke", action="store_true", help="world size 2, one repeat: proves the script runs")
+    opts = parser.parse_args(argv)
+    if opts.smoke:
+        opts.world_size, opts.repeats = 2, 1
+    n, repeats = opts.world_size, opts.repeats
+    medians, firsts = measure(n, repeats)
 
     print(f"launch latency, world size {n}, median of {repeats} run(s), seconds "
           f"(load {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores)")
