@@ -17,7 +17,9 @@ returns it as a pickle. On nccl a watchdog dumps it on a timeout and
 on gloo there is no watchdog, every entry stays ``"scheduled"``, and the tool
 fails on gloo dumps. Two facts on gloo in 2.13 matter here: point-to-point
 ``send``/``recv`` are not recorded, and ``reduce_scatter`` is recorded as the
-all-reduces gloo runs for it.
+all-reduces gloo runs for it. With ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` each
+group is wrapped in a checking group whose own collectives are recorded too,
+under the group name ``""``.
 
 This module does the comparison a learner needs, and nothing more:
 
@@ -225,6 +227,8 @@ def first_mismatch(records: Sequence[Sequence[Collective]]) -> Mismatch | None:
       rank 1: all_reduce [4] Float
     >>> first_mismatch([rank1, rank1]) is None
     True
+    >>> first_mismatch([[call(1, "barrier"), call(3, "barrier")]] * 2) is None   # #2 recorded by no rank
+    True
     """
     groups: dict[str, dict[int, dict[int, Collective]]] = {}
     position: dict[tuple[str, int, int], int] = {}
@@ -239,6 +243,8 @@ def first_mismatch(records: Sequence[Sequence[Collective]]) -> Mismatch | None:
         for seq in range(start, end + 1):
             calls = {rank: by_rank[rank].get(seq) for rank in sorted(by_rank)}
             present = [c for c in calls.values() if c is not None]
+            if not present:  # a number no rank recorded (e.g. DETAIL's helper group: its send/recv are not kept)
+                continue
             if len(present) < len(calls) or len({c.signature() for c in present}) > 1:
                 order = min(position[(group, seq, r)] for r, c in calls.items() if c is not None)
                 found.append((order, Mismatch(group, present[0].group_desc, seq, _reason(calls), calls)))

@@ -270,8 +270,10 @@ def launch(
     removes one; ``OMP_NUM_THREADS`` sets the ranks' intra-op threads, 1 by
     default). Caveat: forked ranks inherit the parent's already-imported
     torch, so variables that torch reads only at import time (such as
-    ``TORCH_CPP_LOG_LEVEL``) must be set before ``import torch`` in the
-    notebook, or need ``start_method="spawn"``.
+    ``TORCH_CPP_LOG_LEVEL``, or ``TORCH_DISTRIBUTED_DEBUG``, which a rank can
+    read again with ``torch.distributed.set_debug_level_from_env()`` before
+    its group exists, as chapter 11 does) must be set before ``import torch``
+    in the notebook, or need ``start_method="spawn"``.
 
     With ``init_process_group=True`` the default process group (``backend``,
     gloo by default) exists when ``fn`` starts and is torn down after it
