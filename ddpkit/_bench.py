@@ -343,16 +343,33 @@ if __name__ == "__main__":  # pragma: no cover
 # the machine stays busy, say so instead of failing; on a quiet machine a failed claim is an error.
 
 
+def usable_cores() -> int:
+    """The CPUs this process may run on (``os.sched_getaffinity``; ``os.cpu_count()`` where that is missing).
+
+    A container pinned to 2 CPUs of a 16-core host has 2, though
+    ``os.cpu_count()`` says 16. A CPU quota (``docker --cpus``) is visible to
+    neither.
+
+    >>> 1 <= usable_cores() <= (os.cpu_count() or 1)
+    True
+    """
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def machine_busy(factor: float = 1.5) -> bool:
-    """Whether the 1-minute load average exceeds ``factor`` times the number of cores.
+    """Whether the 1-minute load average exceeds ``factor`` times the cores this process may use.
 
     The threshold leaves room for the ranks a notebook itself runs (2 ranks on
     2 cores give a load near 2); two extra CPU-bound programs push it past 3.
+    The load average counts the whole machine, so on a large host shared by
+    pinned containers this errs towards "busy" (see :func:`usable_cores`).
 
     >>> isinstance(machine_busy(), bool)
     True
     """
-    return os.getloadavg()[0] > factor * (os.cpu_count() or 1)
+    return os.getloadavg()[0] > factor * usable_cores()
 
 
 def check_timing(measure: Callable[[], object], claims: Callable[[object], list[str]], *, attempts: int = 3):
@@ -376,7 +393,7 @@ def check_timing(measure: Callable[[], object], claims: Callable[[object], list[
         if not failed:
             return result
     if machine_busy():
-        print(f"this machine is busy (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores): after "
+        print(f"this machine is busy (load average {os.getloadavg()[0]:.1f} on {usable_cores()} cores): after "
               f"{attempts} measurements these timing claims still did not hold, and are not checked in this run: "
               + "; ".join(failed))
         return result

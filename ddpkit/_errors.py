@@ -9,8 +9,13 @@ launcher collects every rank's ending for a short window and sorts them:
 2. a rank that raised an error of its own,
 3. a rank that only saw a communication error caused by someone else,
 
-earliest first within each class. :class:`RankFailedError` prints the root
-cause first, with its exit code and traceback, in the spirit of
+earliest first within each class. The root cause is a likely one: the rank
+that dies first is sometimes the rank that *detected* a problem another rank
+made (gloo aborts the rank that receives more bytes than it expects). And the
+markers below are gloo's and the launcher's wording: on NCCL the peers of a
+dead rank usually hang until the watchdog's timeout instead, and under
+``torchrun`` the agent stops them (SIGTERM). :class:`RankFailedError` prints
+the root cause first, with its exit code and traceback, in the spirit of
 ``torch.distributed.elastic``'s ``ChildFailedError``.
 """
 

@@ -1,7 +1,9 @@
 """Which collective did the ranks disagree on? A per-rank diff of PyTorch's flight recorder.
 
-A hung job is almost always a *desync*: the ranks did not call the same
-collectives in the same order. Rank 0 waits in a broadcast that rank 1 never
+In code that is still changing, a hung job is most often a *desync*: the
+ranks did not call the same collectives in the same order. (On a GPU cluster
+a hang can also be every rank inside the same collective, waiting for a slow
+network, a failing link or a straggler: the records then agree.) Rank 0 waits in a broadcast that rank 1 never
 calls because rank 1 is waiting in an all_gather. Every rank looks innocent on
 its own; only a comparison across ranks shows the bug.
 
@@ -69,7 +71,8 @@ class Collective:
     ``input_dtypes`` PyTorch's names (``"Float"``), ``where`` the line that
     called it (``"train, line 12: dist.all_reduce(t)"``, without the source
     text when it is not available), ``state`` the recorder's state
-    (``"scheduled"`` on gloo, always).
+    (``"scheduled"`` on gloo, always), ``group_ranks`` the global ranks of
+    the group (empty when unknown, as for ``DETAIL``'s checking group).
 
     >>> c = Collective("0", "default_pg", 3, "all_reduce", ((4,),), ((4,),), ("Float",), "work, line 5", "scheduled")
     >>> str(c)
@@ -85,6 +88,7 @@ class Collective:
     input_dtypes: tuple[str, ...]
     where: str
     state: str
+    group_ranks: tuple[int, ...] = ()
 
     def signature(self) -> tuple:
         """What every rank must pass alike: the operation, and the shapes and dtypes every rank gives.
@@ -119,6 +123,23 @@ def _where(frames: list[dict], machinery: tuple[str, ...]) -> str:
     return ""
 
 
+def _group_ranks() -> dict[str, tuple[int, ...]]:
+    """Each process group's name -> its global ranks, for the groups this process knows."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return {}
+    from torch.distributed.distributed_c10d import _world
+
+    found = {}
+    for group, name in list(_world.pg_names.items()):
+        try:
+            found[str(name)] = tuple(dist.get_process_group_ranks(group))
+        except Exception:  # a group this rank is not part of, or one already destroyed
+            continue
+    return found
+
+
 def flight_record() -> list[Collective]:
     """This rank's collectives, oldest first, as PyTorch's flight recorder recorded them.
 
@@ -149,6 +170,7 @@ def flight_record() -> list[Collective]:
             "process group is created, e.g. ddpkit.launch(fn, env={'TORCH_FR_BUFFER_SIZE': '2000'})."
         )
     machinery = _MACHINERY + (_torch_dir(),)
+    members = _group_ranks()
     return [
         Collective(
             group=str(e["process_group"][0]),
@@ -160,6 +182,7 @@ def flight_record() -> list[Collective]:
             input_dtypes=tuple(e.get("input_dtypes", [])),
             where=_where(e.get("frames", []), machinery),
             state=str(e.get("state", "")),
+            group_ranks=members.get(str(e["process_group"][0]), ()),
         )
         for e in entries
         if not e.get("is_p2p")
@@ -212,9 +235,11 @@ def first_mismatch(records: Sequence[Sequence[Collective]]) -> Mismatch | None:
     """The first collective the ranks disagree on, or ``None`` when they all agree.
 
     ``records[r]`` is rank r's :func:`flight_record`. Collectives are matched
-    by process group and sequence number; in each group only the ranks that
-    recorded something in it are compared, from the first number all of them
-    still hold (the recorder is a ring buffer). Across groups, the mismatch
+    by process group and sequence number, from the first number all of the
+    group's ranks still hold (the recorder is a ring buffer). A group's ranks
+    are its members (``Collective.group_ranks``), so a member that never used
+    the group at all is reported too; where membership is unknown, the ranks
+    that recorded something in the group. Across groups, the mismatch
     recorded earliest (by its place in the ranks' records) is reported.
 
     >>> def call(seq, op, shape=(4,)):
@@ -229,17 +254,25 @@ def first_mismatch(records: Sequence[Sequence[Collective]]) -> Mismatch | None:
     True
     >>> first_mismatch([[call(1, "barrier"), call(3, "barrier")]] * 2) is None   # #2 recorded by no rank
     True
+    >>> evaluate = Collective("1", "", 1, "all_reduce", ((1,),), ((1,),), ("Float",), "", "", group_ranks=(0, 1))
+    >>> print(first_mismatch([[call(1, "barrier"), evaluate], [call(1, "barrier")]]).reason)
+    rank 1 never called it
     """
     groups: dict[str, dict[int, dict[int, Collective]]] = {}
     position: dict[tuple[str, int, int], int] = {}
+    members: dict[str, set[int]] = {}
     for rank, record in enumerate(records):
         for index, call in enumerate(record):
             groups.setdefault(call.group, {}).setdefault(rank, {})[call.seq] = call
             position[(call.group, call.seq, rank)] = index
+            members.setdefault(call.group, set()).update(r for r in call.group_ranks if r < len(records))
     found = []
     for group, by_rank in groups.items():
-        start = max(min(seqs) for seqs in by_rank.values())
-        end = max(max(seqs) for seqs in by_rank.values())
+        for rank in members.get(group, ()):
+            by_rank.setdefault(rank, {})  # a member that recorded nothing in this group
+        held = [min(seqs) for seqs in by_rank.values() if seqs]
+        start = max(held)
+        end = max(max(seqs) for seqs in by_rank.values() if seqs)
         for seq in range(start, end + 1):
             calls = {rank: by_rank[rank].get(seq) for rank in sorted(by_rank)}
             present = [c for c in calls.values() if c is not None]

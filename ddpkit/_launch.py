@@ -13,7 +13,7 @@ defined in a notebook cell:
   live, the others in rank order when they finish, so a cell's output is the
   same on every run;
 * it returns the ranks' return values, or raises :class:`RankFailedError`
-  naming the root-cause rank, or :class:`LaunchTimeoutError` showing where
+  naming the likely root-cause rank, or :class:`LaunchTimeoutError` showing where
   each rank was stuck, and in every case leaves no process, descriptor or
   file behind.
 
@@ -278,7 +278,9 @@ def launch(
     With ``init_process_group=True`` the default process group (``backend``,
     gloo by default) exists when ``fn`` starts and is torn down after it
     returns; with ``False`` the function sets it up itself (for instance with
-    :func:`ddpkit.setup_distributed`). Its timeout is ``timeout + 30`` s (5 min
+    :func:`ddpkit.setup_distributed`), and a default group it leaves open is
+    torn down the same way, a barrier then ``destroy_process_group()``: destroy
+    a group whose collective timed out yourself, since that barrier would fail. Its timeout is ``timeout + 30`` s (5 min
     when ``timeout`` is None), so a hang is reported by the launcher, with
     every rank's stack, rather than by gloo.
 

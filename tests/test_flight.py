@@ -28,6 +28,9 @@ def _desync(bug: str):
             dist.all_reduce(t, group=sub)
             if rank == 0:
                 dist.all_reduce(t, group=sub)
+        elif bug == "unused":  # only rank 0 evaluates on the subgroup; rank 1 never touches it
+            if rank == 0:
+                dist.all_reduce(t, group=sub)
         elif bug == "none":
             dist.all_reduce(t, group=sub)
             dist.barrier()
@@ -54,6 +57,14 @@ def test_a_skipped_collective_on_a_subgroup():
     assert (found.group, found.seq, found.reason) == ("1", 2, "rank 1 never called it")
     assert found.calls[1] is None and found.calls[0].op == "all_reduce"
     assert "rank 1: (no call" in str(found)
+
+
+def test_a_member_that_never_used_its_group():
+    records = ddpkit.launch(_desync, world_size=2, args=("unused",), init_process_group=False, timeout=60)
+    assert [c.group for c in records[1]] == ["0"]  # rank 1 recorded nothing in group "1"
+    assert records[0][-1].group_ranks == (0, 1)
+    found = ddpkit.first_mismatch(records)
+    assert (found.group, found.seq, found.reason) == ("1", 1, "rank 1 never called it")
 
 
 def test_ranks_that_agree_have_no_mismatch():
