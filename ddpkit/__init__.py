@@ -27,6 +27,9 @@ on a laptop CPU:
 * :func:`experiment` builds a chapter's experiment (controls, a Run button,
   pictures drawn thread-safely inside the widget) and :func:`progress` shows
   a live bar per rank during a long launch (every chapter);
+* :func:`torch_build` names the PyTorch build (CPU or CUDA wheel, release)
+  and :func:`gpu_count` counts GPUs without making later forks unsafe
+  (chapter 02);
 * ``python -m ddpkit doctor`` checks a machine before class, and
   ``python -m ddpkit lab`` then opens the chapters in JupyterLab.
 
@@ -45,6 +48,7 @@ from ._bench import (
     machine_busy,
     size_meaning,
 )
+from ._build import TorchBuild, gpu_count, torch_build
 from ._data import Digits, PidTagged, digits_mlp, load_digits
 from ._env import DistEnv, check_recorded_version, dist_env, patched_environ, setup_distributed, torchrun_environ
 from ._errors import LaunchTimeoutError, RankFailedError, RankFailure
@@ -71,6 +75,7 @@ __all__ = [
     "Score",
     "Span",
     "Timeline",
+    "TorchBuild",
     "bandwidth_table",
     "bus_factor",
     "check_recorded_version",
@@ -83,6 +88,7 @@ __all__ = [
     "experiment",
     "first_mismatch",
     "flight_record",
+    "gpu_count",
     "idle_fraction",
     "launch",
     "load_digits",
@@ -98,6 +104,7 @@ __all__ = [
     "setup_distributed",
     "size_meaning",
     "start_method",
+    "torch_build",
     "torchrun",
     "torchrun_environ",
 ]

@@ -26,6 +26,8 @@ import signal
 import sys
 import traceback
 
+from . import _env
+
 
 def _die_with_parent() -> None:
     """Ask Linux to SIGKILL this process if the launching process dies (best effort)."""
@@ -98,6 +100,7 @@ def _init_group(rank: int, world_size: int, opts: dict) -> None:
         world_size=world_size,
         timeout=datetime.timedelta(seconds=opts["pg_timeout"]),
     )
+    _env.hold_group()  # a DDP model must never free this group last (see ddpkit._env.hold_group)
 
 
 def _finish_group() -> None:

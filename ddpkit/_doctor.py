@@ -4,10 +4,13 @@ Run it once before class. Each check protects against one way a chapter
 can fail on a learner's machine, and each problem comes with one sentence
 saying how to fix it (exit code 1 when something FAILs, 0 otherwise):
 
-* **python**, **torch**: Python 3.10 or newer is required. The chapters'
-  saved outputs were recorded with :data:`RECORDED_WITH`; another PyTorch
-  runs them but may word messages and warnings differently (WARN), a
-  PyTorch older than :data:`OLDEST_TORCH` is not supported (FAIL).
+* **python**, **torch**: Python 3.10 or newer is required. The torch line
+  names the build (CPU or CUDA wheel, its CUDA runtime, the GPUs it sees;
+  see :mod:`ddpkit._build`) and the release. The chapters' saved outputs
+  were recorded with :data:`RECORDED_WITH` on the CPU wheel; another
+  release from :data:`OLDEST_TORCH` to :data:`NEWEST_TORCH` (the range the
+  tests ran) runs them but may word messages differently (WARN), a newer one
+  is untested (WARN), an older one is not supported (FAIL).
 * **start_methods**: how new processes start. ``fork`` copies this process
   (milliseconds) but is unsafe after CUDA or OpenMP threads started, and
   macOS cannot fork safely at all; ``spawn`` starts fresh interpreters
@@ -60,7 +63,8 @@ from typing import Callable, Sequence
 from ._env import RECORDED_WITH  # what the chapters' saved outputs were recorded with
 
 #: The oldest PyTorch the package supports.
-OLDEST_TORCH = "2.13"
+OLDEST_TORCH = "2.11"
+NEWEST_TORCH = "2.15"
 OLDEST_PYTHON = (3, 10)
 #: ``torchrun``'s default ``--master_port``.
 TORCHRUN_PORT = 29500
@@ -106,8 +110,19 @@ def check_python(version: Sequence[int] | None = None) -> Check:
     return Check("python", "OK", f"{text} (chapters recorded with {recorded}) at {sys.executable}")
 
 
-def check_torch(version: str | None = None) -> Check:
-    """PyTorch installed, >= :data:`OLDEST_TORCH`, ideally the recorded version (``version`` defaults to torch's)."""
+def _kind(version: str) -> str:
+    """The wheel kind a version's local tag names: ``+cpu`` CPU, ``+cuXXX`` CUDA, ``+rocmX`` ROCm (else CPU)."""
+    local = version.partition("+")[2]
+    return "CUDA" if local.startswith("cu") else "ROCm" if local.startswith("rocm") else "CPU"
+
+
+def check_torch(version: str | None = None, build: str | None = None) -> Check:
+    """PyTorch installed, >= :data:`OLDEST_TORCH`, ideally the recorded release and build.
+
+    ``version`` defaults to torch's, ``build`` (how the found line describes
+    it) to :func:`ddpkit.torch_build`; the wheel kind comes from the version's
+    local tag (``+cpu``, ``+cu130``).
+    """
     recorded = RECORDED_WITH["torch"]
     install = f"Run `{sys.executable} -m pip install torch=={recorded}` (the version the chapters were recorded with)."
     if version is None:
@@ -115,16 +130,30 @@ def check_torch(version: str | None = None) -> Check:
             import torch
         except ImportError as exc:
             return Check("torch", "FAIL", f"cannot import torch: {exc}", install)
+        from ._build import torch_build
+
         version = torch.__version__
-    if _release(version)[:2] < _release(OLDEST_TORCH)[:2]:
-        return Check("torch", "FAIL", f"{version}; ddpkit needs {OLDEST_TORCH} or newer", install)
-    if _release(version)[:3] != _release(recorded)[:3]:
+        build = str(torch_build()) if build is None else build
+    shown = build or f"torch {version}"
+    release = _release(version)[:2]
+    if release < _release(OLDEST_TORCH)[:2]:
+        return Check("torch", "FAIL", f"{shown}; ddpkit needs {OLDEST_TORCH} or newer", install)
+    if release > _release(NEWEST_TORCH)[:2]:
         return Check(
             "torch", "WARN",
-            f"{version}; the chapters were recorded with {recorded}, so some messages may read differently",
-            f"Nothing breaks; to match the saved outputs, run `{sys.executable} -m pip install torch=={recorded}`.",
+            f"{shown}; newer than the releases ddpkit was tested with ({OLDEST_TORCH} to {NEWEST_TORCH})",
+            f"It may work; if a chapter fails, run `{sys.executable} -m pip install torch=={recorded}`.",
         )
-    return Check("torch", "OK", f"{version} (chapters recorded with {recorded})")
+    as_recorded = f"{recorded}, {RECORDED_WITH['build']} build"
+    if _release(version)[:3] != _release(recorded)[:3] or _kind(version) != RECORDED_WITH["build"]:
+        return Check(
+            "torch", "WARN",
+            f"{shown}; the chapters were recorded with {as_recorded}, so some messages may read differently",
+            f"Nothing breaks. To match the saved outputs exactly, install the CPU wheel of {recorded} "
+            f"(`{sys.executable} -m pip install torch=={recorded}` gives it where the CPU wheel is served; "
+            "on Linux, PyPI serves the CUDA wheel).",
+        )
+    return Check("torch", "OK", f"{shown} (chapters recorded with {as_recorded})")
 
 
 # --------------------------------------------------------------------------- processes

@@ -31,10 +31,14 @@ Chapter 01 (``notebooks/01_env_ranks.ipynb``) teaches this module.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import datetime
+import functools
+import gc
 import os
+import sys
 from typing import Iterator, Mapping
 
 #: Variables ``torchrun`` sets for every worker (besides ``TORCHELASTIC_*``).
@@ -118,14 +122,20 @@ class DistEnv:
 
         ``cuda:LOCAL_RANK`` when the machine has a GPU for every local rank,
         otherwise the CPU. (LOCAL_RANK, not RANK, picks the GPU: GPUs are
-        numbered per machine.)
+        numbered per machine.) GPUs are counted with :func:`ddpkit.gpu_count`,
+        which leaves a machine without a GPU forkable; only where it counts
+        enough GPUs does ``torch.cuda.is_available()`` confirm them.
 
         >>> dist_env({}).device.type in ("cpu", "cuda")
         True
         """
         import torch
 
-        if torch.cuda.is_available() and torch.cuda.device_count() >= max(self.local_world_size, 1):
+        from ._build import gpu_count
+
+        # NVML may count GPUs this wheel cannot drive (say, a driver too old for it): confirm with
+        # the runtime, which a machine with GPUs asks anyway before it uses one.
+        if gpu_count() >= max(self.local_world_size, 1) and torch.cuda.is_available():
             return torch.device("cuda", max(self.local_rank, 0))
         return torch.device("cpu")
 
@@ -262,6 +272,8 @@ def setup_distributed(backend: str | None = None, timeout: float | None = None) 
     import torch
     import torch.distributed as dist
 
+    from ._build import gpu_count
+
     env = dist_env()
     if not env.is_distributed or dist.is_initialized():
         return env
@@ -270,12 +282,13 @@ def setup_distributed(backend: str | None = None, timeout: float | None = None) 
         if env.device.type != "cuda":
             raise RuntimeError(
                 f"backend={chosen!r} needs one GPU per local rank, but this machine has "
-                f"{torch.cuda.device_count()} for LOCAL_WORLD_SIZE={env.local_world_size}. "
+                f"{gpu_count()} for LOCAL_WORLD_SIZE={env.local_world_size}. "
                 "Call setup_distributed() without backend= to get gloo on the CPU."
             )
         torch.cuda.set_device(env.device)
     if timeout is None:
         timeout = float(os.environ.get(DDPKIT_PG_TIMEOUT, 300))
+    release_groups()  # a group destroyed earlier in this process goes now, before its successor starts
     dist.init_process_group(
         backend=chosen,
         init_method="env://",
@@ -283,27 +296,115 @@ def setup_distributed(backend: str | None = None, timeout: float | None = None) 
         world_size=env.world_size,
         timeout=datetime.timedelta(seconds=timeout),
     )
+    hold_group()  # a DDP model that outlives destroy_process_group() must not free the group last
     return env
 
 
-#: What the chapters' saved outputs were recorded with (``python -m ddpkit doctor`` compares too).
-RECORDED_WITH = {"python": "3.11", "torch": "2.13.0"}
+# ----------------------------------------------------------------- teardown
+
+#: Process groups destroyed while something else (a DDP model) still held them, kept referenced
+#: until :func:`release_groups` frees them safely (see :func:`hold_group`).
+_HELD: list = []
 
 
-def check_recorded_version() -> None:
-    """Say so when this PyTorch differs from the one the chapters' outputs were recorded with.
+def hold_group() -> None:
+    """Make sure a DDP model can never be the last holder of a destroyed process group.
 
-    Prints nothing when the versions agree, so a chapter's saved output stays
-    the same; on another version, the note tells the learner why numbers and
-    messages may differ from the saved ones.
+    Why: a rank that calls ``destroy_process_group()`` while a DDP model is
+    still alive (the classic ending of a training function) leaves the DDP
+    ``Reducer`` holding the last reference to the gloo group. When the
+    function returns, Python frees the model with the GIL held; the Reducer
+    frees the group; ``~ProcessGroupGloo`` joins its worker threads; and a
+    worker that is just then freeing a finished collective needs the GIL to
+    drop a Python object, so both wait for each other forever (a native stack
+    shows ``~Reducer -> ~ProcessGroupGloo -> std::thread::join`` against
+    ``~AsyncWork -> gil_scoped_acquire``; PyTorch issue #56297 is this class
+    of bug). Measured with ``benchmarks/ddp_exit_stress.py`` on torch 2.13.0:
+    5 of 200 2-rank runs hung without this, none of 320 with it.
 
-    >>> check_recorded_version()  # PyTorch 2.13.0 here: nothing to say
+    So this wraps ``torch.distributed.destroy_process_group`` (once; the real
+    one does all the work): when the destroyed default group is still
+    referenced by another Python object (a DDP model keeps it as
+    ``model.process_group``), ddpkit keeps one more reference, and
+    :func:`release_groups` drops it long after the last collective finished,
+    so no worker is left freeing one: when this process initialises its next
+    group through :func:`setup_distributed`, or at exit. A group nobody else
+    holds is freed by the destroy itself, as without ddpkit.
+    :func:`setup_distributed` and ``ddpkit.launch`` call this for you. Not
+    covered: subgroups from ``new_group``, and a script that calls
+    ``init_process_group`` itself. ``DDPKIT_HOLD_GROUP=0`` switches it off,
+    to reproduce the hang.
+
+    >>> hold_group(); release_groups()   # no group here: nothing held, nothing to free
     """
-    import torch
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
 
-    have = torch.__version__.split("+")[0]
-    if have != RECORDED_WITH["torch"]:
+    if os.environ.get("DDPKIT_HOLD_GROUP") == "0" or not dist.is_available() or not dist.is_initialized():
+        return
+    global _WATCHED
+    _WATCHED = dist.group.WORLD
+    destroy = c10d.destroy_process_group
+    if getattr(destroy, "_ddpkit_holds", False):
+        return
+
+    @functools.wraps(destroy)
+    def destroy_process_group(group=None):
+        global _WATCHED
+        world, _WATCHED = _WATCHED, None
+        destroy(group)
+        if world is not None and (group is None or group is world) and not c10d.is_initialized():
+            # references to it now: ours (world), getrefcount's argument, and any other holder's
+            if sys.getrefcount(world) > 2 and not any(g is world for g in _HELD):
+                _HELD.append(world)  # a DDP model still holds it: never let the model free it last
+        else:
+            _WATCHED = world
+
+    destroy_process_group._ddpkit_holds = True
+    c10d.destroy_process_group = dist.destroy_process_group = destroy_process_group
+
+
+_WATCHED = None  # the default group hold_group() saw initialised, until it is destroyed
+
+
+def release_groups() -> None:
+    """Free the groups :func:`hold_group` kept (after a ``gc.collect()``, so DDP models in cycles go first)."""
+    if _HELD:
+        gc.collect()
+        _HELD.clear()  # the last reference: the group shuts down, its workers idle
+
+
+atexit.register(release_groups)  # under torchrun: at exit, while the interpreter is still whole
+
+
+#: What the chapters' saved outputs were recorded with (``python -m ddpkit doctor`` compares too).
+RECORDED_WITH = {"python": "3.11", "torch": "2.13.0", "build": "CPU"}
+
+
+#: How the one-line note of :func:`check_recorded_version` starts; the tests' nbval plugin
+#: (``tests/nbval_experiments.py``) drops exactly that line before comparing a cell's output.
+VERSION_NOTE = "Note: this chapter's outputs were recorded with PyTorch "
+
+
+def check_recorded_version(version: str | None = None, kind: str | None = None) -> None:
+    """Say so, in one line, when this PyTorch differs from the one the chapters' outputs were recorded with.
+
+    Prints nothing when release and build agree, so a chapter's saved output
+    stays the same; on another release or build (CPU or CUDA wheel), the note
+    tells the learner why messages may differ from the saved ones. ``version``
+    and ``kind`` default to the installed torch (see :func:`ddpkit.torch_build`).
+
+    >>> check_recorded_version("2.13.0+cpu", "CPU")   # as recorded: nothing to say
+    >>> check_recorded_version("2.14.1+cu130", "CUDA")
+    Note: this chapter's outputs were recorded with PyTorch 2.13.0 (CPU build); you run 2.14.1+cu130 (CUDA build). Messages, defaults and timings may differ from the saved outputs.
+    """
+    if version is None or kind is None:
+        from ._build import torch_build
+
+        build = torch_build()
+        version, kind = version or build.version, kind or build.kind
+    if version.split("+")[0] != RECORDED_WITH["torch"] or kind != RECORDED_WITH["build"]:
         print(
-            f"Note: this chapter's outputs were recorded with PyTorch {RECORDED_WITH['torch']}; you run {have}. "
-            "Messages, defaults and timings may differ from the saved outputs."
+            f"{VERSION_NOTE}{RECORDED_WITH['torch']} ({RECORDED_WITH['build']} build); you run {version} ({kind} "
+            "build). Messages, defaults and timings may differ from the saved outputs."
         )

@@ -45,6 +45,7 @@ import cloudpickle
 import psutil
 
 from . import _child
+from ._build import fork_poisoned, gpu_count
 from ._env import DDPKIT_MARKER, DDPKIT_PG_TIMEOUT, patched_environ, torchrun_environ
 from ._errors import LaunchTimeoutError, RankFailedError, RankFailure, classify, describe_exitcode, trim_stack
 from ._output import Relay
@@ -92,7 +93,7 @@ def _check_backend(backend: str, local_world_size: int) -> None:
     if "gloo" in names and not dist.is_gloo_available():
         raise ValueError("this PyTorch build has no gloo backend; install a standard PyTorch build.")
     if "nccl" in names:
-        gpus = torch.cuda.device_count()
+        gpus = gpu_count()
         if not dist.is_nccl_available() or gpus < local_world_size:
             raise ValueError(
                 f"backend='nccl' needs one GPU per local rank: {local_world_size} local rank(s), but "
@@ -111,6 +112,8 @@ def start_method(threads: int = 1) -> tuple[str, str]:
     """Which start method ``launch(start_method="auto")`` picks here and now, and why.
 
     ``threads`` is the ranks' intra-op thread count (``env={"OMP_NUM_THREADS": ...}``).
+    Fork is refused once a forked child could not use CUDA (PyTorch's own
+    rule, asked of a real forked child: see :mod:`ddpkit._build`).
 
     >>> name, why = start_method()
     >>> name in ("fork", "forkserver", "spawn"), isinstance(why, str)
@@ -118,20 +121,24 @@ def start_method(threads: int = 1) -> tuple[str, str]:
     """
     import multiprocessing
 
-    import torch
-
     methods = multiprocessing.get_all_start_methods()
     if not sys.platform.startswith("linux"):
         if "forkserver" in methods:
             return "forkserver", f"{sys.platform}: fork is not safe here; a forkserver with PyTorch preloaded is"
         return "spawn", f"{sys.platform} has neither a safe fork nor a forkserver"
-    if torch.cuda.is_initialized():
-        reason = "CUDA is initialised in this process, and a forked child cannot use it"
+    if fork_poisoned():
+        reason = _POISONED
     elif threads != 1:
         reason = f"the ranks run {threads} threads, and a forked child that starts an OpenMP pool can deadlock"
     else:
-        return "fork", "Linux, CUDA not initialised here, one thread per rank: forking is safe and fastest"
+        return "fork", "Linux, CUDA untouched in this process, one thread per rank: forking is safe and fastest"
     return "forkserver", reason + "; a forkserver (a fresh process with PyTorch preloaded) is safe and fast"
+
+
+_POISONED = (
+    "CUDA was touched in this process (torch.cuda.is_available(), device_count() without NVML, or a CUDA "
+    "tensor), so a forked child could not use CUDA"
+)
 
 
 def _choose_start_method(start_method_: str, threads: int) -> str:
@@ -139,13 +146,11 @@ def _choose_start_method(start_method_: str, threads: int) -> str:
         raise ValueError(f"start_method={start_method_!r}: use one of {', '.join(_START_METHODS)}")
     if start_method_ == "auto":
         return start_method(threads)[0]
-    import torch
-
-    if start_method_ == "fork" and torch.cuda.is_initialized():
+    if start_method_ == "fork" and fork_poisoned():
         raise RuntimeError(
-            "CUDA is already initialised in this process, and forked children cannot use it. "
-            "Pass start_method='forkserver' or 'auto' (or 'spawn'), or restart the kernel and launch "
-            "before touching CUDA."
+            f"start_method='fork' is unsafe here: {_POISONED} ('Cannot re-initialize CUDA in forked "
+            "subprocess'). Pass start_method='auto' (or 'forkserver', 'spawn'), or restart the kernel and "
+            "count GPUs with ddpkit.gpu_count(), which leaves forking safe."
         )
     return start_method_
 

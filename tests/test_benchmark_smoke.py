@@ -63,3 +63,15 @@ def test_run_all_smoke(tmp_path):
             numbers = [_number(cell) for cell in row if cell != "-"]  # "-": no such figure (speed-up without 1 rank)
             assert numbers and all(0 < x < math.inf for x in numbers), (heading, row)
     assert (tmp_path / "figures.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+STRESS = SCRIPT.parent / "ddp_exit_stress.py"
+
+
+def test_ddp_exit_stress_smoke():
+    """Chapter 04's ending (destroy the group, return with the DDP model alive) exits every time."""
+    done = subprocess.run([sys.executable, str(STRESS), "--smoke"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = done.stdout.splitlines()[-2:]
+    assert summary[0].startswith("ddp exit stress: 3 runs, world size 2, start method auto, ddpkit's hold on the group on")
+    assert summary[1].startswith("hung: 0 of 3; failed otherwise: 0; median finished run "), summary

@@ -175,3 +175,49 @@ def test_an_unused_parameter_leaves_the_gradients_unaveraged_and_the_next_forwar
     for averaged, error in ddpkit.launch(unused_parameter_steps, 2, timeout=120):
         assert not averaged  # the bucket never completed, so it was never all-reduced
         assert error.startswith("Expected to have finished reduction in the prior iteration")
+
+
+# --------------------------------------------------------------------------- chapter 04's ending, held safe
+
+
+def destroy_with_ddp_alive():
+    """Chapter 04's ending: destroy the group while the DDP model still holds it; what keeps it alive?"""
+    import ddpkit._env
+
+    model = DDP(ddpkit.digits_mlp(seed=0))
+    model(torch.zeros(4, 64)).sum().backward()
+    world = dist.group.WORLD
+    dist.barrier()
+    dist.destroy_process_group()
+    return not dist.is_initialized(), any(g is world for g in ddpkit._env._HELD)
+
+
+def test_the_default_group_outlives_destroy_while_ddp_holds_it(no_leaks):
+    # Without ddpkit's reference the DDP Reducer would be the group's last holder, and freeing it with the
+    # GIL held can deadlock the rank (ddpkit._env.hold_group; benchmarks/ddp_exit_stress.py counts it).
+    assert ddpkit.launch(destroy_with_ddp_alive, 2) == [(True, True)] * 2
+
+
+def init_destroy_rounds(rounds=3):
+    """setup_distributed -> all_reduce -> destroy_process_group, several times in the same processes."""
+    import threading
+
+    sums, threads = [], []
+    for _ in range(rounds):
+        env = ddpkit.setup_distributed(timeout=20)
+        total = torch.tensor([env.rank + 1.0])
+        dist.all_reduce(total)
+        sums.append(total.item())
+        dist.barrier()
+        dist.destroy_process_group()
+        threads.append(threading.active_count())
+    return sums, threads
+
+
+def test_a_group_destroyed_and_initialised_again_works_every_round(no_leaks):
+    # The held group of round 1 (its threads, connections and, on rank 0, its TCPStore server) must be
+    # freed before round 2 starts on the same MASTER_PORT, or round 2's rendezvous fails.
+    results = ddpkit.launch(init_destroy_rounds, 2, init_process_group=False, timeout=120)
+    for sums, threads in results:
+        assert sums == [3.0] * 3
+        assert threads[-1] == threads[0], threads  # nothing piles up from round to round

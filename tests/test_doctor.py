@@ -39,8 +39,17 @@ def test_doctor_json_runs_every_check_and_a_real_two_rank_launch():
     assert done.returncode == 0, done.stdout + done.stderr
     checks = {c["name"]: c for c in json.loads(done.stdout)}
     assert list(checks) == NAMES
-    for name in ("python", "torch", "start_methods", "gloo", "loopback", "launch"):
+    for name in ("python", "start_methods", "gloo", "loopback", "launch"):
         assert checks[name]["status"] == "OK", checks[name]
+    import torch
+
+    import ddpkit
+    from ddpkit._env import RECORDED_WITH
+
+    recorded = torch.__version__.split("+")[0] == RECORDED_WITH["torch"] and ddpkit.torch_build().kind == "CPU"
+    assert checks["torch"]["status"] == ("OK" if recorded else "WARN"), checks["torch"]  # warns, never fails
+    assert checks["torch"]["found"].startswith(f"torch {torch.__version__}, ")
+    assert re.search(r", (CPU build|CUDA build \(runtime [\d.]+\), \d+ GPUs? seen)", checks["torch"]["found"])
     for c in checks.values():
         assert c["status"] in ("OK", "WARN"), c  # ports, cores, jupyterlab, widgets, ptrace depend on the machine
         assert bool(c["fix"]) == (c["status"] != "OK"), c
@@ -75,9 +84,16 @@ def test_python_and_torch_versions():
     assert check_python((3, 10, 0)).status == "OK"
     assert check_python((3, 9, 18)).status == "FAIL"
     assert check_torch("2.13.0+cpu").status == "OK"
-    newer = check_torch("2.14.1")
-    assert newer.status == "WARN" and "torch==2.13.0" in newer.fix
-    older = check_torch("2.12.1+cu121")
+    for other in ("2.11.0", "2.14.1+cu130", "2.15.0"):  # the tested range: runs, words some messages differently
+        warned = check_torch(other, build=f"torch {other}, CUDA build (runtime 13.0), 0 GPUs seen")
+        assert warned.status == "WARN" and "recorded with 2.13.0, CPU build" in warned.found
+        assert "torch==2.13.0" in warned.fix
+        assert warned.found.startswith(f"torch {other}, CUDA build (runtime 13.0), 0 GPUs seen; ")
+    cuda_wheel = check_torch("2.13.0+cu130")  # the recorded release, but PyPI's CUDA wheel
+    assert cuda_wheel.status == "WARN" and "CPU wheel" in cuda_wheel.fix, cuda_wheel
+    untested = check_torch("2.16.0")
+    assert untested.status == "WARN" and "newer than the releases ddpkit was tested with (2.11 to 2.15)" in untested.found
+    older = check_torch("2.10.1+cu121")
     assert older.status == "FAIL" and "pip install torch==2.13.0" in older.fix
 
 

@@ -4,6 +4,9 @@ import ddpkit
 
 EXPECTED = {
     "Digits",
+    "TorchBuild",
+    "gpu_count",
+    "torch_build",
     "Score",
     "digits_mlp",
     "exact_accuracy",
