@@ -8,11 +8,14 @@ which build prints which (:func:`torch_build` names the build you have).
 **Fork safety.** A process forked after CUDA was touched cannot use CUDA: its
 first CUDA call fails with "Cannot re-initialize CUDA in forked subprocess".
 PyTorch's own rule (``torch/csrc/utils/device_lazy_init.cpp``,
-``register_fork_handler_for_device_init``): the first call that asks the CUDA
-runtime registers a ``pthread_atfork`` handler, and every child forked after
-it is *in a bad fork*. ``torch.cuda.is_available()`` is such a call, and so is
-``torch.cuda.device_count()`` where NVML cannot count the GPUs (no NVIDIA
-driver), while ``torch.cuda.is_initialized()`` stays ``False`` after both.
+``register_fork_handler_for_device_init``): PyTorch's bindings register a
+``pthread_atfork`` handler before their first call into the CUDA runtime
+(``torch._C._cuda_getDeviceCount``, CUDA's lazy initialisation), and every
+child forked after it is *in a bad fork*. ``torch.cuda.is_available()`` makes
+such a call, and so does ``torch.cuda.device_count()`` where NVML cannot
+count the GPUs (no NVIDIA driver), while ``torch.cuda.is_initialized()``
+stays ``False`` after both. (CUDA started outside PyTorch, by CuPy, Numba or
+a C extension, sets no such flag, and no probe can see it.)
 So ddpkit does not guess: :func:`fork_poisoned` forks a tiny child that
 reports ``torch.cuda._is_in_bad_fork()`` and exits at once, and
 ``ddpkit.launch`` forks only when that child says no. :func:`gpu_count`
@@ -59,8 +62,9 @@ def gpu_count() -> int:
     and where NVML's library is missing and no NVIDIA driver is installed
     either (a CUDA wheel on a laptop), the answer is 0 with no runtime call.
     Where NVML cannot answer but a driver is there (MIG UUIDs in
-    ``CUDA_VISIBLE_DEVICES``, a container without NVML, an NVML error), and on
-    ROCm, the runtime counts, which does make later forks unsafe;
+    ``CUDA_VISIBLE_DEVICES``, a container without NVML, an NVML error), the
+    runtime counts, and on ROCm ``device_count()`` asks amdsmi first and the
+    runtime without it; asking the runtime does make later forks unsafe;
     :func:`fork_poisoned` then notices. The count is cached per value of
     ``CUDA_VISIBLE_DEVICES`` (``DistEnv.device`` asks it often).
 

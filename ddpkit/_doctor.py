@@ -120,8 +120,9 @@ def check_torch(version: str | None = None, build: str | None = None) -> Check:
     """PyTorch installed, >= :data:`OLDEST_TORCH`, ideally the recorded release and build.
 
     ``version`` defaults to torch's, ``build`` (how the found line describes
-    it) to :func:`ddpkit.torch_build`; the wheel kind comes from the version's
-    local tag (``+cpu``, ``+cu130``).
+    it) to :func:`ddpkit.torch_build`; the wheel kind comes from the build
+    itself, or, for a ``version`` passed in, from its local tag (``+cpu``,
+    ``+cu130``).
     """
     recorded = RECORDED_WITH["torch"]
     install = f"Run `{sys.executable} -m pip install torch=={recorded}` (the version the chapters were recorded with)."
@@ -133,7 +134,11 @@ def check_torch(version: str | None = None, build: str | None = None) -> Check:
         from ._build import torch_build
 
         version = torch.__version__
-        build = str(torch_build()) if build is None else build
+        found = torch_build()
+        kind = found.kind  # from the build itself: a conda CUDA build has no +cu tag
+        build = str(found) if build is None else build
+    else:
+        kind = _kind(version)
     shown = build or f"torch {version}"
     release = _release(version)[:2]
     if release < _release(OLDEST_TORCH)[:2]:
@@ -145,13 +150,13 @@ def check_torch(version: str | None = None, build: str | None = None) -> Check:
             f"It may work; if a chapter fails, run `{sys.executable} -m pip install torch=={recorded}`.",
         )
     as_recorded = f"{recorded}, {RECORDED_WITH['build']} build"
-    if _release(version)[:3] != _release(recorded)[:3] or _kind(version) != RECORDED_WITH["build"]:
+    if _release(version)[:3] != _release(recorded)[:3] or kind != RECORDED_WITH["build"]:
         return Check(
             "torch", "WARN",
             f"{shown}; the chapters were recorded with {as_recorded}, so some messages may read differently",
-            f"Nothing breaks. To match the saved outputs exactly, install the CPU wheel of {recorded} "
-            f"(`{sys.executable} -m pip install torch=={recorded}` gives it where the CPU wheel is served; "
-            "on Linux, PyPI serves the CUDA wheel).",
+            f"Nothing breaks. To match the saved outputs exactly, install the CPU wheel of {recorded}: "
+            f"`{sys.executable} -m pip install torch=={recorded} --index-url https://download.pytorch.org/whl/cpu` "
+            "(a plain `pip install torch==...` on Linux gives the CUDA wheel).",
         )
     return Check("torch", "OK", f"{shown} (chapters recorded with {as_recorded})")
 

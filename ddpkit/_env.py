@@ -319,21 +319,22 @@ def hold_group() -> None:
     drop a Python object, so both wait for each other forever (a native stack
     shows ``~Reducer -> ~ProcessGroupGloo -> std::thread::join`` against
     ``~AsyncWork -> gil_scoped_acquire``; PyTorch issue #56297 is this class
-    of bug). Measured with ``benchmarks/ddp_exit_stress.py`` on torch 2.13.0:
-    5 of 200 2-rank runs hung without this, none of 320 with it.
+    of bug). ``benchmarks/ddp_exit_stress.py`` counts it (``--without-hold``).
 
     So this wraps ``torch.distributed.destroy_process_group`` (once; the real
     one does all the work): when the destroyed default group is still
     referenced by another Python object (a DDP model keeps it as
-    ``model.process_group``), ddpkit keeps one more reference, and
-    :func:`release_groups` drops it long after the last collective finished,
-    so no worker is left freeing one: when this process initialises its next
-    group through :func:`setup_distributed`, or at exit. A group nobody else
-    holds is freed by the destroy itself, as without ddpkit.
-    :func:`setup_distributed` and ``ddpkit.launch`` call this for you. Not
-    covered: subgroups from ``new_group``, and a script that calls
-    ``init_process_group`` itself. ``DDPKIT_HOLD_GROUP=0`` switches it off,
-    to reproduce the hang.
+    ``model.process_group``), ddpkit keeps one more reference. Then the
+    group's last holder is that Python reference, and a Python
+    ``ProcessGroup`` releases the GIL before its C++ destructor runs, so the
+    workers can finish. :func:`release_groups` drops it once nothing else
+    holds it: when this process initialises its next group through
+    :func:`setup_distributed`, or at exit (a group still held by a live model
+    then stays until the process ends). A group nobody else holds is freed
+    by the destroy itself, as without ddpkit. :func:`setup_distributed` and
+    ``ddpkit.launch`` call this for you. Not covered: subgroups from
+    ``new_group``, and a script that calls ``init_process_group`` itself.
+    ``DDPKIT_HOLD_GROUP=0`` switches it off, to reproduce the hang.
 
     >>> hold_group(); release_groups()   # no group here: nothing held, nothing to free
     """
@@ -368,10 +369,11 @@ _WATCHED = None  # the default group hold_group() saw initialised, until it is d
 
 
 def release_groups() -> None:
-    """Free the groups :func:`hold_group` kept (after a ``gc.collect()``, so DDP models in cycles go first)."""
+    """Free the groups :func:`hold_group` kept that nothing else holds any more (DDP models in cycles go first)."""
     if _HELD:
         gc.collect()
-        _HELD.clear()  # the last reference: the group shuts down, its workers idle
+        # 3 references each: the list's, the loop variable's and getrefcount's argument; more means a live holder
+        _HELD[:] = [g for g in _HELD if sys.getrefcount(g) > 3]
 
 
 atexit.register(release_groups)  # under torchrun: at exit, while the interpreter is still whole

@@ -136,8 +136,9 @@ def start_method(threads: int = 1) -> tuple[str, str]:
 
 
 _POISONED = (
-    "CUDA was touched in this process (torch.cuda.is_available(), device_count() without NVML, or a CUDA "
-    "tensor), so a forked child could not use CUDA"
+    "a probe child reported a bad fork: CUDA was touched in this process (torch.cuda.is_available(), "
+    "device_count() without NVML, or a CUDA tensor), so a forked child could not use CUDA (or the probe "
+    "could not run)"
 )
 
 
@@ -150,7 +151,7 @@ def _choose_start_method(start_method_: str, threads: int) -> str:
         raise RuntimeError(
             f"start_method='fork' is unsafe here: {_POISONED} ('Cannot re-initialize CUDA in forked "
             "subprocess'). Pass start_method='auto' (or 'forkserver', 'spawn'), or restart the kernel and "
-            "count GPUs with ddpkit.gpu_count(), which leaves forking safe."
+            "count GPUs with ddpkit.gpu_count(), which leaves forking safe where no driver or NVML answers."
         )
     return start_method_
 
