@@ -352,14 +352,12 @@ def hold_group() -> None:
     @functools.wraps(destroy)
     def destroy_process_group(group=None):
         global _WATCHED
-        world, _WATCHED = _WATCHED, None
         destroy(group)
-        if world is not None and (group is None or group is world) and not c10d.is_initialized():
-            # references to it now: ours (world), getrefcount's argument, and any other holder's
+        if _WATCHED is not None and not c10d.is_initialized():  # the default group is gone
+            world, _WATCHED = _WATCHED, None
+            # references to it now: `world`, getrefcount's argument, and any other holder's
             if sys.getrefcount(world) > 2 and not any(g is world for g in _HELD):
                 _HELD.append(world)  # a DDP model still holds it: never let the model free it last
-        else:
-            _WATCHED = world
 
     destroy_process_group._ddpkit_holds = True
     c10d.destroy_process_group = dist.destroy_process_group = destroy_process_group
