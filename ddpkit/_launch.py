@@ -73,7 +73,6 @@ def check_timeout(timeout: object) -> None:
 
 
 def _check_backend(backend: str, local_world_size: int) -> None:
-    import torch
     import torch.distributed as dist
 
     if not isinstance(backend, str) or not backend:
