@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,17 +32,36 @@ def regenerate(path: Path, timeout: int = 600) -> float:
         nb, timeout=timeout, kernel_name="python3", store_widget_state=True,
         resources={"metadata": {"path": str(path.parent)}},
     )
+    load = os.getloadavg()[0]
     start = time.monotonic()
     client.execute()
+    seconds = time.monotonic() - start
+    nb.metadata["ddpkit"] = {
+        "run_all_seconds": round(seconds, 1),
+        "cell_seconds": [_cell_seconds(cell) for cell in nb.cells if cell.cell_type == "code"],
+        "cores": os.cpu_count(),
+        "load_before": round(load, 2),
+    }
     for cell in nb.cells:
         cell.get("metadata", {}).pop("execution", None)
     nbformat.write(nb, path)
-    return time.monotonic() - start
+    return seconds
+
+
+def _cell_seconds(cell) -> float:
+    """One code cell's time from nbclient's record: execute_input to the kernel's reply."""
+    timing = cell.get("metadata", {}).get("execution", {})
+    try:
+        began = datetime.fromisoformat(timing["iopub.execute_input"].replace("Z", "+00:00"))
+        ended = datetime.fromisoformat(timing["shell.execute_reply"].replace("Z", "+00:00"))
+    except (KeyError, ValueError):
+        return 0.0  # an empty cell is not sent to the kernel
+    return round((ended - began).total_seconds(), 2)
 
 
 def main(argv: list[str]) -> int:
     if argv == ["--all"]:
-        paths = sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted((ROOT / "notebooks" / "solutions").glob("*.ipynb"))
+        paths = [p for d in ("", "deeper", "solutions") for p in sorted((ROOT / "notebooks" / d).glob("*.ipynb"))]
     else:
         paths = [Path(a).resolve() for a in argv]
     if not paths:
