@@ -19,6 +19,7 @@ outside fenced code blocks.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -35,6 +36,8 @@ CORE_SECONDS, DEEPER_SECONDS = 60.0, 90.0
 # shrink. A chapter listed here that already meets every limit fails the test below, so the list
 # cannot silently keep a finished chapter.
 NOT_YET = {"01", "02", "03", "04", "05", "06", "07", "08", "09", "10", "11", "12"}
+# While a chapter is being reshaped: COURSE_SHAPE_CHECK=04,05 pytest tests/test_course_shape.py
+NOT_YET -= set(filter(None, os.environ.get("COURSE_SHAPE_CHECK", "").split(",")))
 
 _FENCE = re.compile(r"```.*?```", re.S)
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
