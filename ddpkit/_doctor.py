@@ -495,17 +495,55 @@ def _default_notebooks() -> Path:
     return beside if beside.is_dir() else Path.cwd() / "notebooks"
 
 
+# What a course server on one's own machine does not need, each quieted with JupyterLab's own settings
+# (a learner's own option of the same name wins): the kernel's "running over TCP without encryption"
+# warning at every kernel start (local kernels talk over Unix sockets instead, where those work: POSIX,
+# and a runtime folder short enough for a socket's path, 104 bytes on macOS), tornado's
+# "websocket_ping_timeout (90000) cannot be longer than the websocket_ping_interval (30000)" at every
+# notebook opened (jupyter_server's default timeout is 3 pings; equal to one ping changes nothing, tornado
+# clamps it to that anyway), the "official Jupyter news?" popup, and the INFO log that buries the URL
+# (jupyter_server prints the URL with its token at CRITICAL level, so it stays).
+QUIET_SERVER = (
+    '--ServerApp.tornado_settings={"ws_ping_timeout": 30000}',
+    "--LabApp.news_url=None",
+    "--ServerApp.log_level=WARN",
+    "--LabApp.log_level=WARN",
+)
+_IPC_NAME = len("/kernel-00000000-0000-0000-0000-000000000000-ipc-5")
+
+
+def quiet_server_options(runtime_dir: str | None = None) -> list[str]:
+    """``QUIET_SERVER``, with ``--KernelManager.transport=ipc`` first where Unix sockets can be used.
+
+    >>> quiet_server_options("/home/me/.local/share/jupyter/runtime")[0]
+    '--KernelManager.transport=ipc'
+    >>> quiet_server_options("/tmp/" + "x" * 60)[0]  # a socket path would pass 104 bytes: TCP, as by default
+    '--ServerApp.tornado_settings={"ws_ping_timeout": 30000}'
+    """
+    if runtime_dir is None:
+        from jupyter_core.paths import jupyter_runtime_dir
+
+        runtime_dir = jupyter_runtime_dir()
+    ipc = os.name == "posix" and len(os.fsencode(runtime_dir)) + _IPC_NAME < 104
+    return ["--KernelManager.transport=ipc"] * ipc + list(QUIET_SERVER)
+
+
 def lab_command(notebooks: str | os.PathLike, extra: Sequence[str] = (), root: bool | None = None) -> list[str]:
     """The command that starts JupyterLab on ``notebooks`` (``--allow-root`` added when running as root).
 
     It runs ``python -m jupyterlab`` with this interpreter, not ``jupyter lab``,
     which would run the first ``jupyter-lab`` on ``PATH``, maybe another environment's.
+    The options of ``quiet_server_options()`` follow, except one the caller sets itself.
 
-    >>> lab_command("notebooks", ["--port=8899"], root=True)[1:]
-    ['-m', 'jupyterlab', 'notebooks', '--port=8899', '--allow-root']
+    >>> lab_command("notebooks", ["--port=8899", "--ServerApp.log_level=INFO"], root=True)[1:]  # doctest: +NORMALIZE_WHITESPACE
+    ['-m', 'jupyterlab', 'notebooks', '--port=8899', '--ServerApp.log_level=INFO',
+     '--KernelManager.transport=ipc', '--ServerApp.tornado_settings={"ws_ping_timeout": 30000}',
+     '--LabApp.news_url=None', '--allow-root']
     """
     root = (hasattr(os, "geteuid") and os.geteuid() == 0) if root is None else root
-    command = [sys.executable, "-m", "jupyterlab", str(notebooks), *extra]
+    given = {arg.split("=", 1)[0].lstrip("-").replace("-", "_").split(".")[-1] for arg in extra}
+    quiet = [opt for opt in quiet_server_options() if opt.split("=", 1)[0].split(".")[-1] not in given]
+    command = [sys.executable, "-m", "jupyterlab", str(notebooks), *extra, *quiet]
     if root and "--allow-root" not in extra:
         # JupyterLab exits at once as root ("Running as root is not recommended") without it
         command.append("--allow-root")

@@ -48,6 +48,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -182,13 +183,14 @@ def lab(requirements):
         subprocess.run([sys.executable, "-c", trust, str(notebooks)], env=env, check=True,
                        stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
     port, token = _free_port(), secrets.token_hex(24)
-    command = lab_command(notebooks, [
-        "--no-browser", "--ip=127.0.0.1", f"--port={port}", "--ServerApp.port_retries=0",
-        f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={notebooks}",
-        "--LabApp.expose_app_in_browser=True",  # window.jupyterapp, to run JupyterLab's own commands
-        f"--LabApp.user_settings_dir={settings}", f"--LabApp.workspaces_dir={tmp / 'workspaces'}",
-        "--ServerApp.terminals_enabled=False",
-    ])
+    with mock.patch.dict(os.environ, {"JUPYTER_RUNTIME_DIR": env["JUPYTER_RUNTIME_DIR"]}):  # Unix sockets or TCP
+        command = lab_command(notebooks, [
+            "--no-browser", "--ip=127.0.0.1", f"--port={port}", "--ServerApp.port_retries=0",
+            f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={notebooks}",
+            "--LabApp.expose_app_in_browser=True",  # window.jupyterapp, to run JupyterLab's own commands
+            f"--LabApp.user_settings_dir={settings}", f"--LabApp.workspaces_dir={tmp / 'workspaces'}",
+            "--ServerApp.terminals_enabled=False",
+        ])
     log = tmp / "server.log"
     server = None
     try:

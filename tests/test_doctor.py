@@ -135,7 +135,7 @@ def test_lab_dry_run_prints_the_note_and_the_command_it_would_exec(capsys):
     assert _doctor.SERVER_NOTE.split(".")[0] in out.replace("\n", " ")
     command = shlex.split(re.search(r"^\$ (.*)$", out, flags=re.M).group(1))
     expected = [sys.executable, "-m", "jupyterlab", str(ROOT / "notebooks"), "--port=8899", "--no-browser"]
-    assert command == expected + (["--allow-root"] if ROOT_USER else [])
+    assert command == expected + _doctor.quiet_server_options() + (["--allow-root"] if ROOT_USER else [])
 
 
 def test_lab_stops_with_the_fixes_when_a_check_fails(capsys):
