@@ -8,17 +8,21 @@ on a laptop CPU:
   (chapter 01 onwards);
 * :func:`dist_env`, :class:`DistEnv` and :func:`setup_distributed` read the
   launcher's environment and set up the process group, the same way under
-  ``ddpkit.launch``, under ``torchrun`` and in a plain process (chapter 01);
+  ``ddpkit.launch``, under ``torchrun`` and in a plain process, and
+  :func:`rank_table` and :func:`plot_cluster` show how the ranks are
+  numbered (chapter 01);
 * :func:`torchrun` runs the real ``torchrun`` on a script from a notebook,
   also as the ``%%torchrun`` cell magic after ``%load_ext ddpkit``
   (chapters 01 and 06);
-* :func:`collective_bandwidth`, :func:`copy_bandwidth`, :func:`plot_ranks`
-  and :func:`plot_bandwidth` measure and draw collectives (chapter 03);
+* :func:`collective_bandwidth`, :func:`copy_bandwidth`, :func:`plot_ranks`,
+  :func:`plot_ring_steps` and :func:`plot_bandwidth` measure and draw
+  collectives (chapter 03);
 * :func:`load_digits`, :func:`digits_mlp`, :func:`exact_accuracy`,
   :func:`max_abs_diff` and :func:`measure_throughput` are the data and
   checks of the training chapters (04 and 05);
-* :class:`Timeline`, :func:`plot_timeline` and :func:`idle_fraction` record
-  when each rank computed and draw it, bubbles included (chapter 07);
+* :class:`Timeline`, :func:`plot_timeline`, :func:`idle_fraction` and
+  :func:`replay_pipeline` record when each rank computed and draw it,
+  bubbles included (chapter 07);
   :func:`check_timing` checks a claim about time again, and says so instead
   of failing when the machine is busy (:func:`machine_busy`);
 * :func:`flight_record` and :func:`first_mismatch` compare the ranks'
@@ -40,30 +44,54 @@ on a laptop CPU:
 
 from ._bench import (
     BandwidthRow,
+    CpuUse,
     bandwidth_table,
     bus_factor,
     check_timing,
     collective_bandwidth,
     copy_bandwidth,
+    cpu_use,
     machine_busy,
     size_meaning,
 )
 from ._build import TorchBuild, gpu_count, torch_build
 from ._data import Digits, PidTagged, digits_mlp, load_digits
-from ._env import DistEnv, check_recorded_version, dist_env, patched_environ, setup_distributed, torchrun_environ
+from ._env import (
+    DistEnv,
+    check_recorded_version,
+    dist_env,
+    patched_environ,
+    rank_table,
+    setup_distributed,
+    torchrun_environ,
+)
 from ._errors import LaunchTimeoutError, RankFailedError, RankFailure
 from ._flight import Collective, Mismatch, first_mismatch, flight_record
 from ._launch import launch, start_method
-from ._plot import plot_bandwidth, plot_ranks
+from ._plot import (
+    number_attempts,
+    plot_arrivals,
+    plot_bandwidth,
+    plot_cluster,
+    plot_digits,
+    plot_holdings,
+    plot_partition,
+    plot_ranks,
+    plot_rendezvous,
+    plot_restarts,
+    plot_ring_steps,
+    plot_runs,
+)
 from ._progress import progress
-from ._timeline import Span, Timeline, idle_fraction, plot_timeline
+from ._timeline import Span, Timeline, idle_fraction, plot_timeline, replay_pipeline
 from ._torchrun import load_ipython_extension, register_magics, torchrun
-from ._train import Score, exact_accuracy, max_abs_diff, measure_throughput
+from ._train import Score, exact_accuracy, max_abs_diff, measure_throughput, relative_gaps
 from ._widgets import Experiment, experiment
 
 __all__ = [
     "BandwidthRow",
     "Collective",
+    "CpuUse",
     "Digits",
     "DistEnv",
     "Experiment",
@@ -82,6 +110,7 @@ __all__ = [
     "check_timing",
     "collective_bandwidth",
     "copy_bandwidth",
+    "cpu_use",
     "digits_mlp",
     "dist_env",
     "exact_accuracy",
@@ -95,12 +124,25 @@ __all__ = [
     "machine_busy",
     "max_abs_diff",
     "measure_throughput",
+    "number_attempts",
     "patched_environ",
+    "plot_arrivals",
     "plot_bandwidth",
+    "plot_cluster",
+    "plot_digits",
+    "plot_holdings",
+    "plot_partition",
     "plot_ranks",
+    "plot_rendezvous",
+    "plot_restarts",
+    "plot_ring_steps",
+    "plot_runs",
     "plot_timeline",
     "progress",
+    "rank_table",
     "register_magics",
+    "relative_gaps",
+    "replay_pipeline",
     "setup_distributed",
     "size_meaning",
     "start_method",

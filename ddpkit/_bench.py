@@ -48,6 +48,8 @@ OPS = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all
 
 _ITER_BYTES = 1 << 20  # each timed repeat moves at least this much (small tensors loop several times)
 _MAX_ITERS = 20
+_WARMUP_LOOPS = 3  # untimed loops before each size is timed
+_SETTLE_SECONDS = 0.25  # tiny all_reduces before the first size of a launch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,9 +147,19 @@ def _time(
     call: Callable[[], object], nbytes: int, repeats: int, sync: Callable[[], object] = lambda: None,
     statistic: str = "median",
 ) -> float:
-    """Seconds per call: one warm-up, then ``repeats`` timed loops of several calls; their median or min."""
-    call()
+    """Seconds per call: a warm-up, then ``repeats`` timed loops of several calls; their median or min.
+
+    The warm-up runs ``_WARMUP_LOOPS`` untimed loops, exactly like the timed
+    ones, at *every* size: in a saved run of chapter 03, a single warm-up call
+    left the first size of a fresh launch slower than larger ones (its deeper
+    notebook measures both ways).
+    Its length is a count, not a time, so every rank calls the collective
+    equally often.
+    """
     iters = max(1, min(_MAX_ITERS, _ITER_BYTES // max(nbytes, 1)))
+    sync()
+    for _ in range(_WARMUP_LOOPS * iters):
+        call()
     samples = []
     for _ in range(repeats):
         sync()
@@ -183,12 +195,33 @@ def _collective(op: str, nbytes: int, world_size: int):
     raise ValueError(f"unknown op {op!r}; use one of {', '.join(OPS)}")
 
 
+def _settle(seconds: float) -> int:
+    """Runs in every rank: tiny all_reduces for about ``seconds``, so the first size timed is not the launch's first.
+
+    Every rank stops at the same call: each reports whether its own clock
+    has run out (a MAX over the ranks), and all stop once any has; a time
+    each rank read alone would leave the ranks calling different numbers of
+    collectives, and hang. Returns the number of calls.
+    """
+    import torch
+    import torch.distributed as dist
+
+    done, start, calls = torch.zeros(1), time.perf_counter(), 0
+    while True:
+        done.fill_(float(time.perf_counter() - start >= seconds))
+        dist.all_reduce(done, op=dist.ReduceOp.MAX)
+        calls += 1
+        if done.item():
+            return calls
+
+
 def _probe(op: str, sizes: Sequence[int], repeats: int, statistic: str = "median") -> list[tuple[int, float]]:
     """Runs in every rank: time ``op`` at each size; the slowest rank's time is the collective's."""
     import torch
     import torch.distributed as dist
 
     world_size = dist.get_world_size()
+    _settle(_SETTLE_SECONDS)
     out = []
     for size in sizes:
         call, nbytes = _collective(op, size, world_size)
@@ -222,8 +255,11 @@ def collective_bandwidth(
 ) -> list[BandwidthRow]:
     """Time ``op`` on gloo for every world size and tensor size; one :class:`BandwidthRow` each.
 
-    Each world size is one :func:`ddpkit.launch`. Every rank times, after a
-    warm-up call and a barrier, ``repeats`` loops of calls (several calls per
+    Each world size is one :func:`ddpkit.launch`, which first runs tiny
+    all_reduces for a quarter of a second (so the first size timed is not the
+    launch's first collective). Every rank then times, after three untimed
+    warm-up loops at that size, ``repeats`` loops of calls
+    (each after a barrier; several calls per
     loop for small tensors, so the clock's resolution does not matter); a
     row's ``seconds`` is the median loop's time per call on the slowest rank
     (``statistic="min"``: the fastest loop's, the better estimate of what the
@@ -398,3 +434,81 @@ def check_timing(measure: Callable[[], object], claims: Callable[[object], list[
               + "; ".join(failed))
         return result
     raise AssertionError(f"timing claims failed {attempts} times on a quiet machine: " + "; ".join(failed))
+
+
+# --------------------------------------------------------------------------- were the cores free?
+#
+# The load average cannot say whether a measurement had the machine to itself: it is an average over the
+# last minute, and it counts the measurement's own processes (two ranks on two cores make a load near 2).
+# What can: the CPU time the whole machine spent during the measurement, less what our own processes spent.
+
+
+def _machine_busy_seconds() -> float:
+    import psutil
+
+    times = psutil.cpu_times()  # summed over every CPU of the machine
+    return sum(getattr(times, f) for f in ("user", "nice", "system", "irq", "softirq", "steal") if hasattr(times, f))
+
+
+def _our_seconds() -> float:
+    times = os.times()  # this process, and the children it has waited for (with their own waited-for children)
+    return times.user + times.system + times.children_user + times.children_system
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuUse:
+    """Where the machine's CPU time went while :func:`cpu_use` ran a measurement (all in CPU-seconds).
+
+    ``ours`` is this process's time plus that of the children it waited for
+    (ranks forked by :func:`ddpkit.launch`, ``torchrun`` agents and their
+    workers); ``machine`` is the busy time of every CPU together; ``others``
+    is the difference: programs that are not ours. Ranks started from a
+    forkserver are not this process's children, so they count as others (an
+    honest error: it can only make a measurement look disturbed).
+
+    >>> use = CpuUse(wall=2.0, ours=1.9, machine=2.3, cores=2)
+    >>> round(use.others, 2), round(use.others_share, 2)
+    (0.4, 0.1)
+    """
+
+    wall: float
+    ours: float
+    machine: float
+    cores: int
+
+    @property
+    def others(self) -> float:
+        return max(0.0, self.machine - self.ours)
+
+    @property
+    def others_share(self) -> float:
+        """The fraction of all cores' time that other programs took during the measurement."""
+        return self.others / (self.wall * self.cores) if self.wall > 0 else 0.0
+
+
+def cpu_use(fn: Callable, *args, **kwargs):
+    """Run ``fn(*args, **kwargs)``; return its result and the :class:`CpuUse` of the machine meanwhile.
+
+    Use it to say whether a timing had the cores to itself: a large
+    ``others_share`` (say above 0.1) means other programs competed for the
+    CPUs, and a ranking of configurations measured then may say more about
+    them than about the configurations. Linux only (it reads the machine's CPU
+    times through ``psutil``).
+
+    >>> import time
+    >>> def spin():
+    ...     start = time.process_time()
+    ...     while time.process_time() - start < 0.2: pass
+    ...     return "done"
+    >>> result, use = cpu_use(spin)
+    >>> result, use.ours >= 0.15, 0.0 <= use.others_share <= 1.0
+    ('done', True, True)
+    """
+    import psutil
+
+    machine, ours, start = _machine_busy_seconds(), _our_seconds(), time.perf_counter()
+    result = fn(*args, **kwargs)
+    wall = time.perf_counter() - start
+    use = CpuUse(wall=wall, ours=_our_seconds() - ours, machine=_machine_busy_seconds() - machine,
+                 cores=psutil.cpu_count() or 1)
+    return result, use

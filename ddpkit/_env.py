@@ -225,6 +225,28 @@ def torchrun_environ(
     return {k: str(v) for k, v in values.items()}
 
 
+def rank_table(rows: "list[Mapping[str, object]]") -> str:
+    """The ranks' variables as a text table: one line per rank, one right-aligned column per variable.
+
+    ``rows`` are dicts with the same keys (a variable's name -> its value), one
+    per rank, as a launched function returns them (chapter 01's ``where_am_i``).
+    The columns follow the first row's keys; each is as wide as its longest entry.
+
+    >>> print(rank_table([{"RANK": 0, "LOCAL_RANK": 0, "WORLD_SIZE": 2},
+    ...                   {"RANK": 1, "LOCAL_RANK": 1, "WORLD_SIZE": 2}]))
+    RANK  LOCAL_RANK  WORLD_SIZE
+       0           0           2
+       1           1           2
+    """
+    if not rows:
+        raise ValueError("nothing to show: rows is empty")
+    names = list(rows[0])
+    widths = {n: max(len(str(n)), *(len(str(row[n])) for row in rows)) for n in names}
+    lines = ["  ".join(f"{n:>{widths[n]}}" for n in names)]
+    lines += ["  ".join(f"{row[n]!s:>{widths[n]}}" for n in names) for row in rows]
+    return "\n".join(lines)
+
+
 @contextlib.contextmanager
 def patched_environ(changes: Mapping[str, str | None]) -> Iterator[None]:
     """Set (or, with ``None``, remove) variables in ``os.environ``; restore them on exit.

@@ -5,6 +5,9 @@ Every line a rank writes is shown with its origin, like ``torchrun`` does::
     [rank0]: epoch 1 loss 0.41
     [rank1]: epoch 1 loss 0.43
 
+A line that already starts with its own origin is shown as it is: PyTorch's C++
+warnings name their rank themselves (``[rank0]:[W1130 ...] Warning: ...``).
+
 Printing lines as they arrive would interleave the ranks differently on every
 run, and a notebook whose stored output changes on every run cannot be
 checked. So ddpkit shows **rank 0 live** (long runs still show progress) and
@@ -34,6 +37,8 @@ class Relay:
     >>> relay.finish()
     [rank0]: partial
     [rank1]: from one
+    >>> relay.line(("rank", 0), "out", "[rank0]:[W1130 reducer.cpp] Warning: from C++, prefixed already")
+    [rank0]:[W1130 reducer.cpp] Warning: from C++, prefixed already
     """
 
     def __init__(self, live: tuple[str, int] = ("rank", 0)):
@@ -52,7 +57,9 @@ class Relay:
     def line(self, source: tuple[str, int], stream: str, text: str) -> None:
         """Show or hold one line of text (without its newline)."""
         kind, index = source
-        text = f"[{kind}{index}]: {text.rstrip(chr(13))}\n"
+        prefix, text = f"[{kind}{index}]:", text.rstrip(chr(13))
+        # PyTorch's C++ log lines already name their rank ("[rank0]:[W1130 ...] Warning: ..."): not twice
+        text = f"{text}\n" if text.startswith(prefix) else f"{prefix} {text}\n"
         if source == self.live:
             self._write(stream, text)
         else:

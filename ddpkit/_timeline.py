@@ -11,7 +11,9 @@ pictures from a real run instead of drawing them from a formula:
 * the function returns ``timeline.spans``, :func:`ddpkit.launch` brings every
   rank's spans back, and :func:`plot_timeline` draws them;
 * :func:`idle_fraction` is the share of rank-time that was not inside a span:
-  the number that pipeline schedules try to make small.
+  the number that pipeline schedules try to make small;
+* :func:`replay_pipeline` replays a recorded step as if messages were free,
+  to tell the bubble that the compute implies from the time messages took.
 
 The clock is :func:`time.perf_counter`, which on Linux reads
 ``CLOCK_MONOTONIC``, one clock for the whole machine. After the barrier,
@@ -42,9 +44,9 @@ from dataclasses import dataclass
 from typing import Iterator, Mapping, Sequence
 
 # the colours of the span kinds the chapters use; any other kind gets the next free one
-KIND_COLOURS = {"F": "C0", "B": "C1", "W": "C2", "compute": "C0", "comm": "C3", "send": "C3", "recv": "C4"}
+KIND_COLOURS = {"F": "C0", "B": "C1", "I": "C6", "W": "C2", "compute": "C0", "comm": "C3", "send": "C3", "recv": "C4"}
 # what the legend says for the short kinds of pipeline schedules
-KIND_NAMES = {"F": "F (forward)", "B": "B (backward)", "W": "W (weight gradient)"}
+KIND_NAMES = {"F": "F (forward)", "B": "B (backward)", "I": "I (input gradient)", "W": "W (weight gradient)"}
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,54 @@ def idle_fraction(timelines: Sequence[Sequence[Span]], kinds: Sequence[str] | No
     if per_rank:
         return [1.0 - b / makespan for b in busy]
     return 1.0 - sum(busy) / (len(timelines) * makespan)
+
+
+def replay_pipeline(timelines: Sequence[Sequence[Span]]) -> list[list[Span]]:
+    """The recorded pipeline step replayed with free messages: each span starts as soon as its input exists.
+
+    ``timelines[r]`` holds the spans of rank ``r``, which runs stage ``r`` of a
+    pipeline: kinds ``"F"`` and ``"B"``, labels naming the microbatch (other
+    kinds are ignored). The replay keeps each span's length and each rank's
+    order. A forward of microbatch ``i`` on rank ``r > 0`` starts when the
+    forward of ``i`` on rank ``r - 1`` has ended, a backward on rank
+    ``r < p - 1`` when the backward of ``i`` on rank ``r + 1`` has ended, and
+    nothing else delays a span: no message takes time, no work runs between
+    spans. So its :func:`idle_fraction` is the bubble that these compute times
+    alone imply, and what the recorded step idled beyond it went to messages
+    and to the work between spans. A recorded step respects those dependencies
+    (its ranks share one clock), so the replay never ends later than it did.
+
+    >>> step = [[Span("F", "0", 0.0, 1.0), Span("B", "0", 5.0, 7.0)],      # rank 0
+    ...         [Span("F", "0", 1.5, 2.5), Span("B", "0", 2.5, 4.5)]]      # rank 1: 0.5 s late (a message)
+    >>> [(s.kind, s.start, s.end) for rank in replay_pipeline(step) for s in rank]
+    [('F', 0.0, 1.0), ('B', 4.0, 6.0), ('F', 1.0, 2.0), ('B', 2.0, 4.0)]
+    >>> idle_fraction(replay_pipeline(step)) < idle_fraction(step)
+    True
+    """
+    queues = [[s for s in rank if s.kind in ("F", "B")] for rank in timelines]
+    origin = min((s.start for rank in queues for s in rank), default=0)
+    p, done = len(queues), {}                           # (rank, kind, label) -> replayed end
+    replayed: list[list[Span]] = [[] for _ in queues]
+    clock = [origin] * p
+    while any(len(replayed[r]) < len(queues[r]) for r in range(p)):
+        moved = False
+        for r in range(p):
+            while len(replayed[r]) < len(queues[r]):
+                s = queues[r][len(replayed[r])]
+                source = r - 1 if s.kind == "F" else r + 1
+                ready = clock[r]
+                if 0 <= source < p:
+                    if (source, s.kind, s.label) not in done:
+                        break                            # its input is not computed yet
+                    ready = max(ready, done[source, s.kind, s.label])
+                replayed[r].append(Span(s.kind, s.label, ready, ready + s.seconds))
+                clock[r] = done[r, s.kind, s.label] = ready + s.seconds
+                moved = True
+        if not moved:
+            waiting = [f"rank {r}: {queues[r][len(replayed[r])].kind}{queues[r][len(replayed[r])].label}"
+                       for r in range(p) if len(replayed[r]) < len(queues[r])]
+            raise ValueError("no span can start: their inputs are never computed (" + ", ".join(waiting) + ")")
+    return replayed
 
 
 def plot_timeline(

@@ -52,7 +52,7 @@ Three things make it safe to use again and again:
   variable before ``torchrun``. Only the c10d rendezvous (``--standalone``,
   ``--rdzv-backend=c10d``) reads it: static rendezvous (``--node_rank``,
   ``--master_port``) always shares the agent's store, and its restarts keep
-  the race (chapter 06, section 5).
+  the race (``notebooks/deeper/06_elastic.ipynb``, section 4).
 * **Late joiners.** ``join_when="text"`` starts node 0 at once and the other
   nodes only after a worker printed a line containing ``text``: a machine
   joining a running elastic job (``--nnodes=1:2``), on cue.

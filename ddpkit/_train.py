@@ -117,7 +117,7 @@ def exact_accuracy(model: Any, x: Any, y: Any, batch_size: int = 512) -> Score:
                 correct += int((net(x[part]).argmax(dim=1) == y[part]).sum())
     finally:
         net.train(was_training)
-    counts = torch.tensor([correct, len(idx)], dtype=torch.int64)
+    counts = torch.tensor([correct, len(idx)], dtype=torch.int64, device=y.device)  # NCCL reduces GPU tensors only
     if world > 1:
         import torch.distributed as dist
 
@@ -174,3 +174,47 @@ def measure_throughput(model: Any, x: Any, y: Any, batch_size: int, steps: int =
 
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
     return world * batch_size * steps / float(elapsed)
+
+
+def relative_gaps(found: Mapping[str, Any], reference: Mapping[str, Any]) -> dict[str, float]:
+    """How far each tensor in ``found`` is from ``reference``, relative to its layer's size.
+
+    For each name: ``max |found - reference|`` divided by the largest
+    ``|reference|`` value of its *layer*, the entries whose names share
+    everything before the last ``.`` (``"mlp.w1.weight"`` and ``"mlp.w1.bias"``
+    are the layer ``"mlp.w1"``; a name without a ``.`` is a layer of its own).
+    A computation split over ranks adds its sums in another order than one
+    process, so in ``float32`` the results differ in their last digits,
+    relative to their size (gaps near ``1e-7``), while a wrong split differs by
+    about the values themselves (gaps near 1). A fixed absolute tolerance would
+    fail large values or miss errors in small ones (gradients are often far
+    smaller than activations). Scaling by the layer rather than the entry
+    keeps a value that is zero in exact arithmetic, pure rounding noise, from
+    failing. A layer whose reference is all zeros gives 0 where ``found``
+    agrees exactly and ``inf`` where it does not.
+
+    Both mappings need the same names and shapes, plain tensors (turn a
+    ``DTensor`` into one with ``full_tensor()`` first).
+
+    >>> import torch
+    >>> reference = {"w.weight": torch.tensor([2.0, -4.0]), "w.bias": torch.tensor([0.0]), "out": torch.tensor([8.0])}
+    >>> found = {"w.weight": torch.tensor([2.0, -4.4]), "w.bias": torch.tensor([0.2]), "out": torch.tensor([8.0])}
+    >>> {name: round(gap, 3) for name, gap in relative_gaps(found, reference).items()}
+    {'w.weight': 0.1, 'w.bias': 0.05, 'out': 0.0}
+    """
+    if found.keys() != reference.keys():
+        raise ValueError(f"different entries: only in found {sorted(found.keys() - reference.keys())}, "
+                         f"only in reference {sorted(reference.keys() - found.keys())}")
+    scale: dict[str, float] = {}
+    for name, ref in reference.items():
+        layer = name.rpartition(".")[0] or name
+        size = ref.detach().double().abs().max().item() if ref.numel() else 0.0
+        scale[layer] = max(scale.get(layer, 0.0), size)
+    gaps = {}
+    for name, ref in reference.items():
+        if tuple(found[name].shape) != tuple(ref.shape):
+            raise ValueError(f"{name}: shape {tuple(found[name].shape)} vs {tuple(ref.shape)}")
+        gap = (found[name].detach().double() - ref.detach().double()).abs().max().item() if ref.numel() else 0.0
+        layer_scale = scale[name.rpartition(".")[0] or name]
+        gaps[name] = gap / layer_scale if layer_scale else (0.0 if gap == 0 else float("inf"))
+    return gaps

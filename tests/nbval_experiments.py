@@ -91,8 +91,8 @@ def pytest_collection_modifyitems(session, config, items):
         parent = getattr(item, "parent", None)
         if type(parent).__name__ != "IPyNbFile" or not re.match(r"\d\d_", parent.path.name):
             continue
-        if parent.path.parent.name != "notebooks":
-            continue  # chapters only; solutions have no experiments
+        if parent.path.parent.name != "notebooks" or parent.path.name.startswith("00_"):
+            continue  # chapters only: the start page, solutions and deeper notebooks have no experiments
         if index + 1 < len(items) and getattr(items[index + 1], "parent", None) is parent:
             continue  # not the notebook's last cell
         items.insert(index + 1, ExperimentPresses.from_parent(parent, name="press every experiment"))

@@ -145,3 +145,43 @@ def test_check_timing_measures_again_and_only_excuses_a_busy_machine(monkeypatch
     assert "are not checked in this run: never holds" in capsys.readouterr().out
     with pytest.raises(ValueError, match="attempts"):
         ddpkit.check_timing(measure, never, attempts=0)
+
+
+def test_cpu_use_counts_the_ranks_a_launch_forked_as_ours(monkeypatch):
+    import time
+
+    import ddpkit._bench
+
+    def spin(seconds=0.3):
+        start = time.process_time()
+        while time.process_time() - start < seconds:
+            pass
+
+    _, use = ddpkit.cpu_use(ddpkit.launch, spin, 2)
+    assert use.ours >= 0.5                      # both ranks' CPU time: children this process waited for
+    assert use.machine >= 0 and use.cores >= 1 and use.wall > 0
+    # the arithmetic, with the machine's counters replaced: others are the machine's busy time that is not ours
+    machine, ours = iter([100.0, 104.0]), iter([10.0, 11.0])
+    monkeypatch.setattr(ddpkit._bench, "_machine_busy_seconds", lambda: next(machine))
+    monkeypatch.setattr(ddpkit._bench, "_our_seconds", lambda: next(ours))
+    _, use = ddpkit.cpu_use(lambda: None)
+    assert (use.machine, use.ours, use.others) == (4.0, 1.0, 3.0)
+    assert ddpkit.CpuUse(wall=1.0, ours=2.0, machine=1.5, cores=2).others == 0.0   # clock ticks: never negative
+
+
+def test_every_size_is_warmed_up_with_untimed_loops_before_it_is_timed():
+    from ddpkit._bench import _MAX_ITERS, _WARMUP_LOOPS, _time
+
+    calls = []
+    _time(lambda: calls.append(1), nbytes=1024, repeats=2)  # a small size: _MAX_ITERS calls per loop
+    assert len(calls) == (_WARMUP_LOOPS + 2) * _MAX_ITERS
+    calls.clear()
+    _time(lambda: calls.append(1), nbytes=64 << 20, repeats=2)  # a large size: one call per loop
+    assert len(calls) == _WARMUP_LOOPS + 2
+
+
+def test_a_launch_settles_for_the_same_number_of_calls_on_every_rank():
+    from ddpkit._bench import _settle
+
+    counts = ddpkit.launch(_settle, world_size=3, args=(0.05,))
+    assert counts[0] > 1 and counts == [counts[0]] * 3  # every rank stopped at the same call

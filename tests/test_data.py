@@ -111,3 +111,18 @@ def test_pid_tagged_counts_the_processes_that_load_batches():
     assert len(pids) == 1 and os.getpid() not in pids  # one worker process loaded everything
     with pytest.raises(TypeError, match="TensorDataset"):
         PidTagged(5)
+
+
+def test_relative_gaps_scale_each_entry_by_its_layer():
+    reference = {"output": torch.tensor([10.0, -20.0]), "mlp.w1.weight": torch.tensor([[1.0, -2.0]]),
+                 "mlp.w1.bias": torch.tensor([1e-9]), "norm.weight": torch.zeros(2)}
+    found = {"output": torch.tensor([10.0, -18.0]), "mlp.w1.weight": torch.tensor([[1.0, -2.0]]),
+             "mlp.w1.bias": torch.tensor([2e-9]), "norm.weight": torch.zeros(2)}
+    gaps = ddpkit.relative_gaps(found, reference)
+    assert gaps == pytest.approx({"output": 0.1, "mlp.w1.weight": 0.0, "mlp.w1.bias": 5e-10, "norm.weight": 0.0})
+    found["norm.weight"] = torch.tensor([0.0, 1e-3])
+    assert ddpkit.relative_gaps(found, reference)["norm.weight"] == float("inf")  # all-zero layer, a difference
+    with pytest.raises(ValueError, match="only in found"):
+        ddpkit.relative_gaps({**found, "extra": torch.zeros(1)}, reference)
+    with pytest.raises(ValueError, match="shape"):
+        ddpkit.relative_gaps({**found, "output": torch.zeros(3)}, reference)

@@ -45,14 +45,18 @@ NOTEBOOK = pathlib.Path(__file__).resolve().parent.parent / "notebooks" / "06_el
 
 
 def _chapter_script() -> str:
-    """train.py exactly as chapter 06 writes it (its ``%%writefile train.py`` cell): one source of truth.
+    """train.py exactly as chapter 06 writes it: one source of truth.
 
-    Rank 0 checkpoints atomically every 3 steps, rank 1 crashes before step 7 on the first attempt (script
-    arguments: directory, kind of crash, step, number of attempts that crash), every attempt resumes from the last checkpoint (loaded with map_location="cpu").
+    The chapter writes it in parts: its ``%%writefile train.py`` cell, then the ``%%writefile -a train.py`` cells
+    that append to it (IPython ends each part with a newline). Rank 0 checkpoints atomically every 3 steps, rank 1
+    crashes before step 7 on the first attempt (script arguments: directory, kind of crash, step, number of attempts
+    that crash), every attempt resumes from the last checkpoint (loaded with map_location="cpu"); on SIGTERM every
+    rank stops at the next step, rank 0 checkpoints, and the workers exit.
     """
-    cells = json.loads(NOTEBOOK.read_text())["cells"]
-    source = next("".join(c["source"]) for c in cells if "".join(c["source"]).startswith("%%writefile train.py"))
-    return source.split("\n", 1)[1]
+    cells = ["".join(c["source"]) for c in json.loads(NOTEBOOK.read_text())["cells"] if c["cell_type"] == "code"]
+    first = next(i for i, source in enumerate(cells) if source.startswith("%%writefile train.py"))
+    parts = [cells[first]] + [s for s in cells[first + 1:] if s.startswith("%%writefile -a train.py")]
+    return "".join(part.split("\n", 1)[1].rstrip("\n") + "\n" for part in parts)
 
 
 TRAIN = _chapter_script()
@@ -206,3 +210,28 @@ def test_static_restarts_measured(share, tmp_path):
               f"{time.monotonic() - start:.0f} s, load {load:.1f}", flush=True)
         assert "[rank0]: attempt 0: world size 2, starting at step 0 (epoch 0, batch 0)" in out.getvalue()
     print(f"TORCH_DISABLE_SHARE_RDZV_TCP_STORE={share}, {STATIC_RUNS} static runs: {counts}")
+
+
+def test_sigterm_to_the_agent_checkpoints_at_the_next_step_and_a_new_run_resumes_bit_exact(reference, tmp_path):
+    """A preemption: rank 1 sends SIGTERM to its agent before step 7; the agent forwards it to both workers.
+
+    Both ranks stop at the same step (they agree with an all_reduce of the flag), rank 0 checkpoints, the
+    workers exit; torchrun exits with status 1 without using its restart budget (the agent re-raises its
+    SignalException). A new torchrun on the same directory resumes at step 7 and ends with the reference weights.
+    """
+    status, out, err, _ = _train_once(tmp_path, "preempt", "--max-restarts=2")
+    assert status == 1, f"{out}\nstderr:\n{err}"
+    assert out.splitlines() == [
+        "[rank0]: attempt 0: world size 2, starting at step 0 (epoch 0, batch 0)",
+        "[rank0]: SIGTERM received; stopped before step 7",
+        "[rank1]: SIGTERM received; stopped before step 7",
+    ], out
+    saved = torch.load(tmp_path / "checkpoint.pt", map_location="cpu")
+    assert (saved["step"], saved["epoch"], saved["batch"]) == (7, 1, 3)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        status = ddpkit.torchrun(TRAIN, *STANDALONE, script_args=[tmp_path, "none"], timeout=150, agent_log="hide",
+                                 env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})
+    assert out.getvalue().splitlines()[0] == "[rank0]: attempt 0: world size 2, starting at step 7 (epoch 1, batch 3)"
+    final = torch.load(tmp_path / "final.pt", map_location="cpu")  # written before the exit (and its rare race)
+    assert final.keys() == reference.keys() and all(torch.equal(final[k], reference[k]) for k in final)

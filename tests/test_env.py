@@ -95,3 +95,14 @@ def test_setup_distributed_refuses_nccl_without_gpus():
     with patched_environ({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}):
         with pytest.raises(RuntimeError, match="needs one GPU per local rank.*without backend="):
             ddpkit.setup_distributed(backend="nccl")
+
+
+def test_rank_table_has_one_line_per_rank_and_aligned_columns():
+    rows = [{k: int(torchrun_environ(r, 8, nnodes=2)[k]) for k in ("RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE")}
+            for r in range(8)]
+    lines = ddpkit.rank_table(rows).splitlines()
+    assert lines[0].split() == ["RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE"]
+    assert [line.split() for line in lines[1:]] == [[str(r), str(r % 4), str(r // 4), "8"] for r in range(8)]
+    assert len({len(line) for line in lines}) == 1  # right-aligned: every line equally long
+    with pytest.raises(ValueError, match="empty"):
+        ddpkit.rank_table([])

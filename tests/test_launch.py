@@ -470,3 +470,21 @@ def test_ranks_are_named_in_ps_not_copies_of_the_kernel(method):
     names = ddpkit.launch(name, 3, start_method=method, init_process_group=False)
     assert [cmdline for cmdline, _ in names] == [f"ddpkit rank {r}/3" for r in range(3)]
     assert all(short.startswith("ddpkit rank") for _, short in names)  # what `ps -e` and `top` show
+
+
+def test_a_line_that_names_its_rank_already_is_not_prefixed_twice(capfd):
+    # PyTorch's C++ warnings start with "[rank0]:" themselves (here DDP's reducer, which finds no
+    # unused parameter); the relay adds its prefix only to lines that do not name their own rank.
+    def warn_from_cpp():
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        model = DDP(torch.nn.Linear(2, 2), find_unused_parameters=True)
+        model(torch.ones(1, 2)).sum().backward()
+        os.write(2, f"[rank{1 - dist.get_rank()}]: the other rank's name, written by rank {dist.get_rank()}\n".encode())
+
+    ddpkit.launch(warn_from_cpp, 2)
+    err = capfd.readouterr().err
+    warnings = [line for line in err.splitlines() if "find_unused_parameters=True was specified" in line]
+    assert [line[:9] for line in warnings] == ["[rank0]:[", "[rank1]:["], err
+    assert "[rank0]: [rank1]: the other rank's name, written by rank 0" in err.splitlines()
+    assert "[rank1]: [rank0]: the other rank's name, written by rank 1" in err.splitlines()
