@@ -34,6 +34,9 @@ on a laptop CPU:
 * :func:`torch_build` names the PyTorch build (CPU or CUDA wheel, release)
   and :func:`gpu_count` counts GPUs without making later forks unsafe
   (chapter 02);
+* :mod:`ddpkit.exercises` checks a learner's exercise attempts on real
+  ranks (``ddpkit.exercises.check("05.1", attempt)``), and
+  ``python -m ddpkit check NOTEBOOK`` checks a saved notebook's (every chapter);
 * ``python -m ddpkit doctor`` checks a machine before class, and
   ``python -m ddpkit lab`` then opens the chapters in JupyterLab.
 
@@ -87,6 +90,7 @@ from ._timeline import Span, Timeline, idle_fraction, plot_timeline, replay_pipe
 from ._torchrun import load_ipython_extension, register_magics, torchrun
 from ._train import Score, exact_accuracy, max_abs_diff, measure_throughput, relative_gaps
 from ._widgets import Experiment, experiment
+from . import exercises  # after the modules its checks use
 
 __all__ = [
     "BandwidthRow",
@@ -114,6 +118,7 @@ __all__ = [
     "digits_mlp",
     "dist_env",
     "exact_accuracy",
+    "exercises",
     "experiment",
     "first_mismatch",
     "flight_record",
