@@ -1,4 +1,4 @@
-"""Chapter 01 in a real browser: JupyterLab, a real kernel, headless Chromium driven by Playwright.
+"""Chapters 01 and 05 in a real browser: JupyterLab, a real kernel, headless Chromium driven by Playwright.
 
 What a learner sees, checked the way they see it:
 
@@ -13,8 +13,12 @@ What a learner sees, checked the way they see it:
    race: pyplot drawing in a widget callback on ipykernel 7's subshell thread gave blank or
    half-drawn pictures on about half of the clicks.
 
+4. **An exercise** (chapter 05's first, issue 21): type a wrong attempt into its attempt cell,
+   Shift+Enter through it and its check, and read the smallest failing case; then a right one.
+
 Screenshots go to ``test-artifacts/browser/`` (``01_first_screen.png``, ``01_experiment.png``,
-``01_page.png``; the page one is also taken when the test fails, showing where it stopped).
+``01_page.png``, ``05_exercise_wrong.png``, ``05_exercise_right.png``; the page one is also taken when
+a test fails, showing where it stopped).
 
 JupyterLab runs on a temporary copy of ``notebooks/``, started with the command
 ``python -m ddpkit lab`` uses (:func:`ddpkit._doctor.lab_command`), with temporary Jupyter config,
@@ -523,6 +527,98 @@ def test_chapter_01_first_screen_run_all_and_experiment_clicks(no_leaks, lab, pa
             print(f"Log Console entries: {log_console_entries(page)[:5]}")
         except Exception as exc:
             print(f"no Log Console: {exc}")
+        print(f"browser console errors: {page.console_errors[-10:]}")
+        print(f"server log (tail):\n{lab.log_tail(3000)}", file=sys.stderr)
+        raise
+
+
+# --------------------------------------------------------------------------- an exercise, as a learner does it
+#
+# Chapter 05's exercise 1 in the browser (issue 21): run the chapter's first cell, type a wrong
+# attempt into the attempt cell, Shift+Enter through it and its check, read the answer; then a right
+# one. Screenshots: 05_exercise_wrong.png and 05_exercise_right.png.
+
+EXERCISE_NOTEBOOK = "05_samplers.ipynb"
+WRONG_ATTEMPT = '''import torch
+
+
+def padding_duplicates(n, world_size, epoch):
+    total = -(-n // world_size) * world_size
+    return list(range(n))[: total - n]           # always the first items
+'''
+RIGHT_ATTEMPT = '''import torch
+
+
+def padding_duplicates(n, world_size, epoch):
+    total = -(-n // world_size) * world_size
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(epoch)).tolist()
+    return (order * total)[n:total]
+'''
+
+ACTIVATE = f"""async (wanted) => {{
+  const panel = ({PANEL})(), cells = panel.content.model.cells;
+  let index = -1;
+  for (let i = 0; i < cells.length; i++) {{
+    const cell = cells.get(i);
+    if (cell.type !== 'code') continue;
+    const text = cell.sharedModel.getSource();
+    if (wanted === 'first' ? true : text.includes(wanted)) {{ index = i; break; }}
+  }}
+  if (index < 0) throw new Error('no code cell with ' + wanted);
+  panel.content.activeCellIndex = index;
+  panel.content.mode = 'command';
+  await panel.content.scrollToItem(index);
+  return index;
+}}"""
+
+CELL_OUTPUT = f"""(index) => {{
+  const cell = ({PANEL})().content.model.cells.get(index);
+  return cell.executionCount === null ? null : cell.outputs.toJSON().map(o =>
+    o.text !== undefined ? [].concat(o.text).join('') : (o.data && o.data['text/plain'] ? [].concat(o.data['text/plain']).join('') : '')
+  ).join('');
+}}"""
+
+
+def _attempt_and_check(page, source: str, expected: str) -> str:
+    """Type ``source`` into exercise 1's attempt cell, Shift+Enter it and its check; the check's output."""
+    check_index = page.evaluate(ACTIVATE, 'check("05.1"')
+    page.evaluate(f"(i) => {{ ({PANEL})().content.activeCellIndex = i - 1; }}", check_index)
+    editor = page.locator(".jp-Notebook .jp-Cell.jp-mod-active .cm-content")
+    editor.click()
+    page.keyboard.press("Control+a")
+    page.keyboard.insert_text(source)         # as pasted: no auto-indent or bracket closing on the way in
+    page.keyboard.press("Shift+Enter")        # runs the attempt, moves to the check cell
+    page.keyboard.press("Shift+Enter")        # runs the check
+    page.wait_for_function(f"(i) => {{ const t = ({CELL_OUTPUT})(i); return t !== null && t.includes({json.dumps(expected)}); }}",
+                           arg=check_index, timeout=ONE_CLICK * 1000)
+    return page.evaluate(CELL_OUTPUT, check_index)
+
+
+def test_an_exercise_answered_wrongly_then_rightly_in_the_browser(no_leaks, lab, page):
+    try:
+        page.goto(lab.url(f"lab/tree/{EXERCISE_NOTEBOOK}"), timeout=PAGE_LOAD * 1000)
+        page.wait_for_function("() => window.jupyterapp !== undefined", timeout=PAGE_LOAD * 1000)
+        page.evaluate("() => window.jupyterapp.restored")
+        page.evaluate("() => window.jupyterapp.shell.collapseLeft()")
+        page.wait_for_selector(".jp-NotebookPanel .jp-Cell", state="attached", timeout=PAGE_LOAD * 1000)
+        page.evaluate(f"async () => {{ await ({PANEL})().context.sessionContext.ready; }}")
+        first = page.evaluate(ACTIVATE, "first")                 # the chapter's imports: ddpkit among them
+        page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-cell')")
+        page.wait_for_function(f"(i) => ({CELL_OUTPUT})(i) !== null", arg=first, timeout=RUN_ALL * 1000)
+        wrong = _attempt_and_check(page, WRONG_ATTEMPT, "05.1 not right yet")
+        assert "The smallest case that fails: n=3, world_size=4, epoch=0" in wrong, wrong
+        assert "expected: [2]" in wrong and "got:      [0]" in wrong and "hint:" in wrong, wrong
+        _shot(page, "05_exercise_wrong.png")
+        right = _attempt_and_check(page, RIGHT_ATTEMPT, "05.1 right")
+        assert "real ranks" in right, right
+        _shot(page, "05_exercise_right.png")
+        state = page.evaluate(NOTEBOOK_STATE)
+        assert not state["errors"], f"cells raised: {state['errors']}"
+    except BaseException:
+        try:
+            _shot(page, "05_exercise_page.png")
+        except Exception as exc:
+            print(f"no failure screenshot: {exc}")
         print(f"browser console errors: {page.console_errors[-10:]}")
         print(f"server log (tail):\n{lab.log_tail(3000)}", file=sys.stderr)
         raise
