@@ -28,6 +28,10 @@ on a laptop CPU:
 * :func:`flight_record` and :func:`first_mismatch` compare the ranks'
   flight-recorder entries and name the first collective they disagree on,
   the usual cause of a hang (chapter 11);
+* :func:`quiet_mesh`, :class:`Traffic`, :func:`group_link`, :func:`plan_table`,
+  :func:`plot_mesh_groups` and :func:`plot_cluster_groups` build meshes, record
+  each rank's collectives, model a cluster's links and draw the groups
+  (chapter 10);
 * :func:`experiment` builds a chapter's experiment (controls, a Run button,
   pictures drawn thread-safely inside the widget) and :func:`progress` shows
   a live bar per rank during a long launch (every chapter);
@@ -57,6 +61,7 @@ from ._bench import (
     machine_busy,
     size_meaning,
 )
+from ._bars import plot_bars
 from ._build import TorchBuild, gpu_count, torch_build
 from ._data import Digits, PidTagged, digits_mlp, load_digits
 from ._env import (
@@ -71,6 +76,7 @@ from ._env import (
 from ._errors import LaunchTimeoutError, RankFailedError, RankFailure
 from ._flight import Collective, Mismatch, first_mismatch, flight_record
 from ._launch import launch, start_method
+from ._memory import memory_table, plot_memory
 from ._plot import (
     number_attempts,
     plot_arrivals,
@@ -90,7 +96,29 @@ from ._timeline import Span, Timeline, idle_fraction, plot_timeline, replay_pipe
 from ._torchrun import load_ipython_extension, register_magics, torchrun
 from ._train import Score, exact_accuracy, max_abs_diff, measure_throughput, relative_gaps
 from ._widgets import Experiment, experiment
-from . import exercises  # after the modules its checks use
+
+# Loaded on first use, because they import torch: ``import ddpkit`` itself stays light (the doctor, a
+# ``%%torchrun`` worker and a forked rank import ddpkit without paying torch's seconds of start-up).
+_LAZY = {
+    "Traffic": "_cluster", "group_link": "_cluster", "plan_table": "_cluster",
+    "plot_cluster_groups": "_cluster", "plot_mesh_groups": "_cluster", "quiet_mesh": "_cluster",
+    "exercises": None,  # the subpackage itself
+}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'ddpkit' has no attribute {name!r}")
+    import importlib
+
+    module = importlib.import_module(f".{_LAZY[name] or name}", __name__)
+    value = module if _LAZY[name] is None else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 __all__ = [
     "BandwidthRow",
@@ -108,6 +136,7 @@ __all__ = [
     "Span",
     "Timeline",
     "TorchBuild",
+    "Traffic",
     "bandwidth_table",
     "bus_factor",
     "check_recorded_version",
@@ -123,19 +152,26 @@ __all__ = [
     "first_mismatch",
     "flight_record",
     "gpu_count",
+    "group_link",
     "idle_fraction",
     "launch",
     "load_digits",
     "machine_busy",
     "max_abs_diff",
     "measure_throughput",
+    "memory_table",
     "number_attempts",
     "patched_environ",
+    "plan_table",
     "plot_arrivals",
     "plot_bandwidth",
+    "plot_bars",
     "plot_cluster",
+    "plot_cluster_groups",
     "plot_digits",
     "plot_holdings",
+    "plot_memory",
+    "plot_mesh_groups",
     "plot_partition",
     "plot_ranks",
     "plot_rendezvous",
@@ -144,6 +180,7 @@ __all__ = [
     "plot_runs",
     "plot_timeline",
     "progress",
+    "quiet_mesh",
     "rank_table",
     "register_magics",
     "relative_gaps",

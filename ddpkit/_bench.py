@@ -452,7 +452,23 @@ def _machine_busy_seconds() -> float:
 
 def _our_seconds() -> float:
     times = os.times()  # this process, and the children it has waited for (with their own waited-for children)
-    return times.user + times.system + times.children_user + times.children_system
+    ours = times.user + times.system + times.children_user + times.children_system
+    return ours + _live_children_seconds()
+
+
+def _live_children_seconds() -> float:
+    # children still running (a forkserver, a rank not yet reaped): their own time and that of the children they
+    # have waited for; a forkserver reaps every rank it forked, so its ranks count as ours once they have ended
+    import psutil
+
+    total = 0.0
+    for child in psutil.Process().children():
+        try:
+            t = child.cpu_times()
+        except psutil.Error:  # it ended meanwhile: os.times() counts it once it is waited for
+            continue
+        total += t.user + t.system + getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0)
+    return total
 
 
 @dataclasses.dataclass(frozen=True)
@@ -461,10 +477,9 @@ class CpuUse:
 
     ``ours`` is this process's time plus that of the children it waited for
     (ranks forked by :func:`ddpkit.launch`, ``torchrun`` agents and their
-    workers); ``machine`` is the busy time of every CPU together; ``others``
-    is the difference: programs that are not ours. Ranks started from a
-    forkserver are not this process's children, so they count as others (an
-    honest error: it can only make a measurement look disturbed).
+    workers), and of the children still running, such as ddpkit's forkserver
+    with the ranks it forked and reaped; ``machine`` is the busy time of every
+    CPU together; ``others`` is the difference: programs that are not ours.
 
     >>> use = CpuUse(wall=2.0, ours=1.9, machine=2.3, cores=2)
     >>> round(use.others, 2), round(use.others_share, 2)

@@ -5,8 +5,12 @@ Every line a rank writes is shown with its origin, like ``torchrun`` does::
     [rank0]: epoch 1 loss 0.41
     [rank1]: epoch 1 loss 0.43
 
-A line that already starts with its own origin is shown as it is: PyTorch's C++
-warnings name their rank themselves (``[rank0]:[W1130 ...] Warning: ...``).
+A line that already starts with its own origin is not prefixed twice: PyTorch's C++
+warnings name their rank themselves (``[rank0]:[W1130 ...] Warning: ...``). Their
+log prefix's clock time (``[W1130 12:34:56.789012345 socket.cpp:469]``) is
+dropped, keeping the severity letter and the source file: a time of day tells a
+learner nothing about the failure, and it would make every such output differ
+from run to run (``[rank0]:[W socket.cpp:469] ...``).
 
 Printing lines as they arrive would interleave the ranks differently on every
 run, and a notebook whose stored output changes on every run cannot be
@@ -22,9 +26,12 @@ A source is a ``(kind, index)`` pair: ``("rank", 3)`` prints as ``[rank3]:``;
 
 from __future__ import annotations
 
+import re
 import sys
 
 _ORDER = {"rank": 0, "agent": 1}
+# the clock of a C++ log prefix, "[W1130 12:34:56.789012345 file.cpp:12]" (glog adds a thread id): not shown
+_CLOCK = re.compile(r"^((?:\[\w+\]:)?\[[FEWI])\d{4} \d\d:\d\d:\d\d\.\d+(?: \d+)? ")
 
 
 class Relay:
@@ -39,6 +46,8 @@ class Relay:
     [rank1]: from one
     >>> relay.line(("rank", 0), "out", "[rank0]:[W1130 reducer.cpp] Warning: from C++, prefixed already")
     [rank0]:[W1130 reducer.cpp] Warning: from C++, prefixed already
+    >>> relay.line(("rank", 0), "out", "[rank0]:[E1202 00:55:13.554803747 ProcessGroupGloo.cpp:67] late")
+    [rank0]:[E ProcessGroupGloo.cpp:67] late
     """
 
     def __init__(self, live: tuple[str, int] = ("rank", 0)):
@@ -57,7 +66,7 @@ class Relay:
     def line(self, source: tuple[str, int], stream: str, text: str) -> None:
         """Show or hold one line of text (without its newline)."""
         kind, index = source
-        prefix, text = f"[{kind}{index}]:", text.rstrip(chr(13))
+        prefix, text = f"[{kind}{index}]:", _CLOCK.sub(r"\1 ", text.rstrip(chr(13)))
         # PyTorch's C++ log lines already name their rank ("[rank0]:[W1130 ...] Warning: ..."): not twice
         text = f"{text}\n" if text.startswith(prefix) else f"{prefix} {text}\n"
         if source == self.live:

@@ -115,6 +115,10 @@ class _OutputSink:
         self.experiment.progress_area.children = (widget,)
 
 
+START_HINT = ("<i>Press {button} to run this experiment in real processes. Just opened the notebook? "
+              "Run the cells above first: until they have run, the controls do nothing.</i>")
+
+
 class Experiment:
     """Controls, a run button, a status line, a progress area and an output area around ``run``.
 
@@ -136,7 +140,9 @@ class Experiment:
         self.controls = dict(controls)
         self.button = widgets.Button(description=button, button_style="primary", icon="play")
         self.button.add_class("ddpkit-run")
-        self.status = widgets.HTML("")
+        # Saved with the notebook, this line is what a learner reads before the kernel runs: a saved
+        # widget shows its controls, but they do nothing until the cells above have run (issue 26).
+        self.status = widgets.HTML(START_HINT.format(button=button))
         self.status.add_class("ddpkit-status")
         self.progress_area = widgets.VBox([])
         self.output = widgets.Output()

@@ -169,6 +169,19 @@ def test_cpu_use_counts_the_ranks_a_launch_forked_as_ours(monkeypatch):
     assert ddpkit.CpuUse(wall=1.0, ours=2.0, machine=1.5, cores=2).others == 0.0   # clock ticks: never negative
 
 
+def test_cpu_use_counts_a_forkservers_ranks_as_ours():
+    import time
+
+    def spin(seconds=0.3):
+        start = time.process_time()
+        while time.process_time() - start < seconds:
+            pass
+
+    ddpkit.launch(spin, 2, args=(0.0,), start_method="forkserver")     # the server starts outside the measurement
+    _, use = ddpkit.cpu_use(ddpkit.launch, spin, 2, start_method="forkserver")
+    assert use.ours >= 0.5                      # both ranks' CPU time: reaped by the server, a live child of ours
+
+
 def test_every_size_is_warmed_up_with_untimed_loops_before_it_is_timed():
     from ddpkit._bench import _MAX_ITERS, _WARMUP_LOOPS, _time
 

@@ -3,8 +3,9 @@
 What a learner sees, checked the way they see it:
 
 1. **First screen**, before any cell runs: the experiment's controls render from the notebook's
-   saved widget state: no ``VBox(children=...)`` text, no "Error displaying widget", and the
-   experiment's slider and run button are visible.
+   saved widget state: no ``VBox(children=...)`` text, no "Error displaying widget", the
+   experiment's slider and run button are visible, and its status line says to run the cells above
+   first (until then the saved controls do nothing).
 2. **Run All** runs every cell, the kernel goes idle, and no cell shows an error.
 3. **The experiment** (``ddpkit.experiment``): change a control, press the run button, five times.
    The button is disabled while the run is in progress, and every click ends with exactly one
@@ -185,7 +186,7 @@ def lab(requirements):
         # what `python -m ddpkit lab` does before it starts JupyterLab (signatures in the temp data dir)
         trust = "import sys; from ddpkit._doctor import trust_notebooks; trust_notebooks(sys.argv[1])"
         subprocess.run([sys.executable, "-c", trust, str(notebooks)], env=env, check=True,
-                       stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+                       stdin=subprocess.DEVNULL, capture_output=True, timeout=300)  # signing imports nbformat; slow on a busy machine
     port, token = _free_port(), secrets.token_hex(24)
     with mock.patch.dict(os.environ, {"JUPYTER_RUNTIME_DIR": env["JUPYTER_RUNTIME_DIR"]}):  # Unix sockets or TCP
         command = lab_command(notebooks, [
@@ -330,6 +331,9 @@ def check_first_screen(page) -> None:
 
     expect(experiment.locator(".widget-slider").first).to_be_visible(timeout=ACTION * 1000)
     expect(experiment.locator(".ddpkit-run")).to_be_visible(timeout=ACTION * 1000)
+    # a saved experiment looks live but needs its kernel: its saved status line says how to start
+    hint = experiment.locator(".ddpkit-status").text_content() or ""
+    assert "Run the cells above first" in hint, f"first screen: the experiment's status line reads {hint!r}"
     # every control's label is shown whole (chapter 01's "nproc_per_node" used to be cut to "nproc_per…")
     cut = experiment.evaluate("""e => [...e.querySelectorAll('.widget-label')]
         .filter(l => l.textContent && l.scrollWidth > l.clientWidth + 1).map(l => l.textContent)""")

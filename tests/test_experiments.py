@@ -16,6 +16,8 @@ import time
 
 from test_kernel import interrupt_once_working, kernel, run_cell  # noqa: F401  (kernel: a fixture, one per module)
 
+import ddpkit
+
 
 def _create_subshell(kc) -> str:
     msg = kc.session.msg("create_subshell_request", {})
@@ -168,3 +170,12 @@ ddpkit.launch(work, world_size=3, timeout=100)
     frames = "\n".join(error["traceback"])
     assert "_supervise" not in frames and "connection.py" not in frames, frames  # no frames of the event loop
     assert frames.count("File ") == 1, frames  # the cell, then launch() itself: nothing deeper
+
+
+def test_a_new_experiment_says_how_to_start_and_a_press_replaces_it():
+    import ipywidgets as widgets
+
+    exp = ddpkit.experiment(lambda n: f"n = {n}", {"n": widgets.IntSlider(value=2)})
+    assert "Run the cells above first" in exp.status.value and "Press Run" in exp.status.value
+    assert exp.click()
+    assert exp.status.value.startswith("done in ")

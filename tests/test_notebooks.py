@@ -171,3 +171,13 @@ def test_cell_magic_lines_fit_the_cell(path):
             header.append(lines[len(header)])
         too_long = [line for line in header if len(line) > 90]
         assert not too_long, f"magic lines over 90 characters: {too_long}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS + SOLUTIONS + DEEPER, ids=lambda p: str(p.relative_to(NOTEBOOK_DIR)))
+def test_every_saved_figure_has_its_picture(path):
+    """A figure saved as ``<Figure size ...>`` text alone was never drawn (no ``%matplotlib inline``)."""
+    for number, cell in enumerate([c for c in _cells(path) if c["cell_type"] == "code"], 1):
+        for output in cell["outputs"]:
+            data = output.get("data", {})
+            if "".join(data.get("text/plain", "")).startswith("<Figure size"):
+                assert "image/png" in data, f"cell [{number}] saved a figure without its picture"

@@ -26,10 +26,19 @@ EXPECTED = {
     "copy_bandwidth",
     "plot_arrivals",
     "plot_bandwidth",
+    "plot_bars",
     "plot_rendezvous",
     "plot_ranks",
     "plot_cluster",
+    "plot_cluster_groups",
+    "plot_mesh_groups",
+    "plan_table",
+    "group_link",
+    "quiet_mesh",
+    "Traffic",
     "plot_holdings",
+    "plot_memory",
+    "memory_table",
     "plot_partition",
     "number_attempts",
     "plot_restarts",
@@ -84,3 +93,14 @@ def test_every_public_name_exists_and_is_documented_with_an_example():
 def test_private_modules_stay_private():
     public_modules = [n for n in dir(ddpkit) if not n.startswith("_") and type(getattr(ddpkit, n)).__name__ == "module"]
     assert public_modules == ["exercises"], public_modules  # the one public subpackage (issue 21)
+
+
+def test_import_ddpkit_stays_light():
+    """``import ddpkit`` must not import torch: workers, the doctor and forked ranks import it first."""
+    import subprocess
+    import sys
+
+    code = "import sys, ddpkit; print(sorted(m for m in ('torch', 'ddpkit.exercises', 'ddpkit._cluster') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+    assert ddpkit.exercises.check and ddpkit.Traffic and "exercises" in dir(ddpkit)

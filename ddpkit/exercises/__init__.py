@@ -25,7 +25,18 @@ docstring names the exercises it checks.
 05.1 not attempted yet: ...
 """
 
+from . import ch01_env_ranks  # noqa: F401
+from . import ch02_init_methods  # noqa: F401
+from . import ch03_collectives  # noqa: F401
+from . import ch04_ddp  # noqa: F401
 from . import ch05_samplers  # noqa: F401  (registers chapter 05's checks)
+from . import ch06_elastic  # noqa: F401
+from . import ch07_pipeline_parallel  # noqa: F401
+from . import ch08_tensor_parallel  # noqa: F401
+from . import ch09_sharding  # noqa: F401
+from . import ch10_hybrid_parallel  # noqa: F401
+from . import ch11_debugging  # noqa: F401
+from . import ch12_performance  # noqa: F401
 from ._core import Exercise, Result, Wrong, check, exercises, untouched
 from ._notebook import attempt_cells, check_notebook
 from ._reveal import reveal, worked_answer

@@ -73,7 +73,11 @@ _REGISTRY: dict[str, Exercise] = {}
 
 
 def exercise(key: str, chapter: str, title: str, section: str) -> Callable:
-    """Register ``checker`` as the check of exercise ``key`` (``"NN.k"``) in ``chapter``."""
+    """Register ``checker`` as the check of exercise ``key`` (``"NN.k"``) in ``chapter``.
+
+    The sentence a checker returns is recorded in the solutions notebooks and compared by strict
+    nbval: say what was checked, never a measured value (a time, a rate) that changes from run to run.
+    """
 
     def register(checker: Callable[[Any], str]) -> Callable[[Any], str]:
         if key in _REGISTRY:

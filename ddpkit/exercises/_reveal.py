@@ -8,9 +8,28 @@ that proves it and that cell's recorded output, so the answer has one home.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
+
+
+_LINK = re.compile(r"\]\((?!https?:|mailto:|#)([^)\s]+)\)")
+
+
+def _from_the_chapter(markdown: str) -> str:
+    """Links written in ``solutions/`` rewritten for the chapter beside it, where the answer is shown.
+
+    >>> _from_the_chapter("[the chapter](../01_env_ranks.ipynb), [Ex. 2](#Exercise-2), [x](https://pytorch.org)")
+    '[the chapter](01_env_ranks.ipynb), [Ex. 2](#Exercise-2), [x](https://pytorch.org)'
+    >>> _from_the_chapter("[the other solution](02_init_methods.ipynb)")
+    '[the other solution](solutions/02_init_methods.ipynb)'
+    """
+    def fix(m: re.Match) -> str:
+        target = m.group(1)
+        return f"]({target[3:] if target.startswith('../') else 'solutions/' + target})"
+
+    return _LINK.sub(fix, markdown)
 
 
 def worked_answer(key: str, notebooks: Path = NOTEBOOKS) -> str:
@@ -27,13 +46,17 @@ def worked_answer(key: str, notebooks: Path = NOTEBOOKS) -> str:
     parts, inside = [], False
     for cell in cells:
         source = "".join(cell["source"])
-        if cell["cell_type"] == "markdown" and source.startswith("## "):
-            inside = source.split("\n", 1)[0].strip() == f"## Exercise {number}"
-        if not inside:
+        if cell["cell_type"] == "markdown":  # a heading may open the cell or sit inside it
+            kept = []
+            for line in source.splitlines(keepends=True):
+                if line.startswith("## "):
+                    inside = line.strip() == f"## Exercise {number}"
+                if inside:
+                    kept.append(line)
+            if kept:
+                parts.append(_from_the_chapter("".join(kept).strip()))
             continue
-        if cell["cell_type"] == "markdown":
-            parts.append(source)
-        else:
+        if inside:  # a code cell of the answer: its source and its recorded text output
             shown = "".join("".join(o.get("text", "")) for o in cell.get("outputs", []) if o.get("output_type") == "stream")
             parts.append(f"```python\n{source}\n```" + (f"\n\nIts recorded output:\n\n```\n{shown.rstrip()}\n```" if shown.strip() else ""))
     if not parts:
