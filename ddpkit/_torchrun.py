@@ -79,7 +79,10 @@ from ._env import DDPKIT_MARKER, DDPKIT_PG_TIMEOUT, TORCHRUN_VARIABLES
 from ._launch import _free_port, check_count, check_timeout
 from ._output import Relay
 
-_WORKER_LINE = re.compile(r"^\[rank(\d+)\]: ?(.*)$")
+#: Starts every piece torchrun's ``--tee`` relays for a worker (through ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``):
+#: an ASCII unit separator, which no worker prints, so the pieces can be told apart (see :class:`_TeeSplitter`).
+_SEP = b"\x1f"
+_TEE_HEADER = re.compile(rb"\x1f\[rank(\d+)\]: ")
 _LOG_FLAGS = ("--tee", "-t", "--redirects", "-r", "--log-dir", "--log_dir")
 _AGENT_LOGS = ("show", "clean", "hide")
 # torchrun's notice that it set OMP_NUM_THREADS=1 (a logging warning, so on stderr): information,
@@ -163,6 +166,68 @@ def _clean(text: str, state: list[bool]) -> str | None:
     for pattern, replacement in _CLEAN:
         text = pattern.sub(replacement, text)
     return text.rstrip()
+
+
+class _TeeSplitter:
+    r"""Whole lines, each with its owner (a rank, or ``None`` for the agent), from one agent's stdout or stderr.
+
+    torchrun's ``--tee`` relays each worker's log file with a thread per
+    worker that reads ``readline()`` pieces and writes ``header + piece`` to
+    the agent's stream. A piece is not always a whole line: a worker's
+    unbuffered ``print`` writes its text and its ``"\n"`` separately, and a
+    ``readline()`` at the end of the file returns what is there so far. Two
+    workers' pieces then interleave on the agent's stream ("...sum 6[rank1]:
+    ..." on one line). Every header starts with :data:`_SEP`, so a piece runs
+    from its header to its ``"\n"`` or to the next header; pieces are joined
+    per owner into whole lines. Text outside any piece is the agent's own.
+
+    >>> s = _TeeSplitter()
+    >>> s.feed(b"\x1f[rank0]: sum 6\x1f[rank1]: sum 6\x1f[rank0]: \n\x1f[rank1]: \nI agent says hi\n")
+    [(0, 'sum 6'), (1, 'sum 6'), (None, 'I agent says hi')]
+    >>> s.feed(b"\x1f[ran"), s.feed(b"k2]: half a "), s.feed(b"line\n"), s.finish()
+    ([], [], [(2, 'half a line')], [])
+    """
+
+    def __init__(self) -> None:
+        self._buffer = b""
+        self._owner: int | None | bool = False  # False: between pieces; None: the agent; an int: that rank
+        self._partial: dict[int | None, bytes] = {}
+
+    def feed(self, data: bytes) -> list[tuple[int | None, str]]:
+        """Take the next bytes read from the stream; return the lines they complete, in order."""
+        self._buffer += data
+        lines = []
+        while self._buffer:
+            if self._owner is False:  # a new piece: a worker's header, or the agent's own text
+                if self._buffer.startswith(_SEP):
+                    header = _TEE_HEADER.match(self._buffer)
+                    if header is None:
+                        if len(self._buffer) < 32 and b"\n" not in self._buffer:
+                            break  # the header is still arriving
+                        self._owner, self._buffer = None, self._buffer[1:]  # not ours after all: the agent's text
+                        continue
+                    self._owner, self._buffer = int(header.group(1)), self._buffer[header.end():]
+                else:
+                    self._owner = None
+            ends = [i for i in (self._buffer.find(b"\n"), self._buffer.find(_SEP)) if i >= 0]
+            end = min(ends) if ends else len(self._buffer)
+            piece, newline = self._buffer[:end], self._buffer[end:end + 1] == b"\n"
+            self._buffer = self._buffer[end + newline:]
+            self._partial[self._owner] = self._partial.get(self._owner, b"") + piece
+            if newline:
+                lines.append((self._owner, self._partial.pop(self._owner).decode("utf-8", "replace")))
+            if newline or ends:
+                self._owner = False
+        return lines
+
+    def finish(self) -> list[tuple[int | None, str]]:
+        """The stream ended: every owner's unfinished line, as a line."""
+        lines = self.feed(b"")
+        if self._buffer:  # an unfinished header
+            self._partial[None] = self._partial.get(None, b"") + self._buffer
+            self._buffer = b""
+        self._owner = False
+        return lines + [(owner, rest.decode("utf-8", "replace")) for owner, rest in self._partial.items() if rest]
 
 
 def _stop_sessions(agents: list[subprocess.Popen], grace: float = 3.0) -> None:
@@ -249,7 +314,7 @@ def torchrun(
         agent_env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARIABLES}
         for k in (DDPKIT_MARKER, DDPKIT_PG_TIMEOUT):
             agent_env.pop(k, None)
-        agent_env.update(TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE="[rank${rank}]: ", PYTHONUNBUFFERED="1")
+        agent_env.update(TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE="\x1f[rank${rank}]: ", PYTHONUNBUFFERED="1")
         agent_env.update(RESTART_SAFE_ENV)
         for k, v in (env or {}).items():
             if v is None:
@@ -284,7 +349,7 @@ def torchrun(
 
 def _relay_until_done(agents, start, later, join_when, timeout, agent_log, tmpdir) -> int:
     relay = Relay()
-    partial: dict[tuple[int, str], bytes] = {}
+    splitters: dict[tuple[int, str], _TeeSplitter] = {}
     clean_state: dict[int, list] = {}  # per node: _clean's [in_traceback, _exit_race's state]
     begin = time.monotonic()
     with selectors.DefaultSelector() as sel:
@@ -292,6 +357,28 @@ def _relay_until_done(agents, start, later, join_when, timeout, agent_log, tmpdi
         def watch(node: int, a: subprocess.Popen) -> None:
             sel.register(a.stdout, selectors.EVENT_READ, (node, "out"))
             sel.register(a.stderr, selectors.EVENT_READ, (node, "err"))
+
+        def show(node: int, stream: str, rank: int | None, text: str) -> None:
+            nonlocal later
+            text = text.replace(tmpdir + os.sep, "")
+            if rank is not None:
+                relay.line(("rank", rank), stream, text)
+                if later and join_when in text:
+                    for n in later:
+                        watch(n, start(n))
+                    later = []
+            elif isinstance(agent_log, list):
+                agent_log.append(text)
+            else:
+                notice = stream == "err" and _AGENT_NOTICE.match(text.strip())
+                state = clean_state.setdefault(node, [False, [False, False]])
+                shown = None  # agent_log="hide"
+                if agent_log == "show":
+                    shown = None if _exit_race(text, state[1]) else text
+                elif agent_log == "clean":
+                    shown = _clean(text, state)
+                if shown is not None:
+                    relay.line(("agent", node), "out" if notice else stream, shown)
 
         for node, a in enumerate(agents):
             watch(node, a)
@@ -304,32 +391,15 @@ def _relay_until_done(agents, start, later, join_when, timeout, agent_log, tmpdi
                     )
                 for key, _ in sel.select(timeout=0.1):
                     node, stream = key.data
+                    splitter = splitters.setdefault((node, stream), _TeeSplitter())
                     data = os.read(key.fileobj.fileno(), 1 << 16)
-                    if not data:
+                    if data:
+                        lines = splitter.feed(data)
+                    else:
                         sel.unregister(key.fileobj)
-                        data = b"\n" if partial.get((node, stream)) else b""
-                    *lines, partial[(node, stream)] = (partial.get((node, stream), b"") + data).split(b"\n")
-                    for raw in lines:
-                        text = raw.decode("utf-8", "replace").replace(tmpdir + os.sep, "")
-                        match = _WORKER_LINE.match(text)
-                        if match:
-                            relay.line(("rank", int(match.group(1))), stream, match.group(2))
-                            if later and join_when in match.group(2):
-                                for n in later:
-                                    watch(n, start(n))
-                                later = []
-                        elif isinstance(agent_log, list):
-                            agent_log.append(text)
-                        else:
-                            notice = stream == "err" and _AGENT_NOTICE.match(text.strip())
-                            state = clean_state.setdefault(node, [False, [False, False]])
-                            shown = None  # agent_log="hide"
-                            if agent_log == "show":
-                                shown = None if _exit_race(text, state[1]) else text
-                            elif agent_log == "clean":
-                                shown = _clean(text, state)
-                            if shown is not None:
-                                relay.line(("agent", node), "out" if notice else stream, shown)
+                        lines = splitter.finish()
+                    for rank, text in lines:
+                        show(node, stream, rank, text)
         finally:
             relay.finish()
     if later:

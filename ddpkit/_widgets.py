@@ -26,6 +26,7 @@ while a run is in progress, and the status line says what is happening.
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import threading
 import time
@@ -119,6 +120,22 @@ START_HINT = ("<i>Press {button} to run this experiment in real processes. Just 
               "Run the cells above first: until they have run, the controls do nothing.</i>")
 
 
+def _as_shown(control: Any, value: Any) -> str:
+    """A control's value as the control shows it: a float at its readout's precision, anything else as repr.
+
+    >>> import ipywidgets as widgets
+    >>> _as_shown(widgets.FloatLogSlider(value=10 ** -1.5, readout_format=".3g"), 10 ** -1.5)
+    '0.0316'
+    >>> _as_shown(widgets.IntSlider(value=2), 2)
+    '2'
+    """
+    fmt = getattr(control, "readout_format", None)
+    if isinstance(value, float) and isinstance(fmt, str):
+        with contextlib.suppress(ValueError):
+            return format(value, fmt)
+    return repr(value)
+
+
 class Experiment:
     """Controls, a run button, a status line, a progress area and an output area around ``run``.
 
@@ -168,7 +185,7 @@ class Experiment:
         self.button.disabled = True
         try:
             values = self.values()
-            shown = ", ".join(f"{k}={v!r}" for k, v in values.items())
+            shown = ", ".join(f"{k}={_as_shown(self.controls[k], v)}" for k, v in values.items())
             self.status.value = f"<i>running {self.run.__name__}({shown}) ...</i>"
             self.output.outputs = ()
             self.progress_area.children = ()

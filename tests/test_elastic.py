@@ -31,6 +31,7 @@ import io
 import json
 import os
 import pathlib
+import signal
 import time
 import warnings
 
@@ -75,14 +76,15 @@ def _train(workdir: pathlib.Path, crash: str, *extra: str) -> tuple[int, str, st
     return status, out, err, final
 
 
-def _train_once(workdir: pathlib.Path, crash: str, *extra: str) -> tuple[int, str, str, dict]:
+def _train_once(workdir: pathlib.Path, crash: str, *extra: str, agent_log: str | list = "hide",
+                ) -> tuple[int, str, str, dict]:
     for name in ("checkpoint.pt", "final.pt", "events.jsonl"):
         with contextlib.suppress(FileNotFoundError):
             (workdir / name).unlink()
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         status = ddpkit.torchrun(TRAIN, "--standalone", "--nproc_per_node=2", *extra,
-                                 script_args=[workdir, crash], timeout=150, agent_log="hide",
+                                 script_args=[workdir, crash], timeout=150, agent_log=agent_log,
                                  # DDP makes torch create a compiler cache dir in TMPDIR: keep it in ours
                                  env={"TORCHINDUCTOR_CACHE_DIR": str(workdir / "inductor")})
     final = torch.load(workdir / "final.pt", map_location="cpu") if status == 0 else {}
@@ -219,13 +221,23 @@ def test_sigterm_to_the_agent_checkpoints_at_the_next_step_and_a_new_run_resumes
     workers exit; torchrun exits with status 1 without using its restart budget (the agent re-raises its
     SignalException). A new torchrun on the same directory resumes at step 7 and ends with the reference weights.
     """
-    status, out, err, _ = _train_once(tmp_path, "preempt", "--max-restarts=2")
-    assert status == 1, f"{out}\nstderr:\n{err}"
-    assert out.splitlines() == [
+    stopped = [
         "[rank0]: attempt 0: world size 2, starting at step 0 (epoch 0, batch 0)",
         "[rank0]: SIGTERM received; stopped before step 7",
         "[rank1]: SIGTERM received; stopped before step 7",
-    ], out
+    ]
+    agent: list[str] = []
+    status, out, err, _ = _train_once(tmp_path, "preempt", "--max-restarts=2", agent_log=agent)
+    if status == -signal.SIGABRT and out.splitlines() == stopped:
+        # Seen once on CI (2.14.1 CUDA wheel, busy 2-core machine): the workers stopped and checkpointed,
+        # then the agent itself died of SIGABRT while exiting. Not reproduced in 12 runs under load here, so the
+        # agent's log is kept; the same abort twice in a row fails the test.
+        warnings.warn("the agent died of SIGABRT after its workers stopped; run again. Agent log:\n"
+                      + "\n".join(agent[-40:]), stacklevel=1)
+        agent = []
+        status, out, err, _ = _train_once(tmp_path, "preempt", "--max-restarts=2", agent_log=agent)
+    assert status == 1, f"{out}\nstderr:\n{err}\nagent log:\n" + "\n".join(agent[-60:])
+    assert out.splitlines() == stopped, out
     saved = torch.load(tmp_path / "checkpoint.pt", map_location="cpu")
     assert (saved["step"], saved["epoch"], saved["batch"]) == (7, 1, 3)
     out = io.StringIO()

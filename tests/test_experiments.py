@@ -179,3 +179,16 @@ def test_a_new_experiment_says_how_to_start_and_a_press_replaces_it():
     assert "Run the cells above first" in exp.status.value and "Press Run" in exp.status.value
     assert exp.click()
     assert exp.status.value.startswith("done in ")
+
+
+def test_the_running_line_shows_values_at_the_controls_precision():
+    """A log slider's value is 10 ** (k * step): its status line shows it as its readout does (0.0316, not
+    0.03162277660168379), so the line and the control agree (issue 26)."""
+    import ipywidgets as widgets
+
+    seen = []
+    lr = widgets.FloatLogSlider(value=10 ** -1.5, min=-3, max=0, step=0.25, readout_format=".3g")
+    exp = ddpkit.experiment(lambda lr, n: seen.append(exp.status.value) or "ok",
+                            {"lr": lr, "n": widgets.IntSlider(value=2)})
+    assert exp.click()
+    assert "lr=0.0316, n=2" in seen[0], seen

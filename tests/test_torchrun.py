@@ -228,3 +228,15 @@ def test_a_late_machine_joins_and_the_group_grows_without_using_a_restart(capfd)
         "[rank3]: world size 4, restart count 0", "[rank3]: sum 4",
     ]
     assert not _torchrun_processes()
+
+
+def test_a_line_written_in_pieces_comes_back_whole(capfd):
+    """torchrun's --tee relays what a worker's log file holds so far, so half a line is one piece and its rest
+    another (and another rank's piece may come between): ddpkit joins each rank's pieces back into its lines."""
+    code = ("import os, sys, time\nr = os.environ['RANK']\n"
+            "for i in range(3):\n"
+            "    sys.stdout.write(f'rank {r} half '); sys.stdout.flush(); time.sleep(0.4)\n"
+            "    print(f'and rest {i}')\n")
+    assert ddpkit.torchrun(code, "--standalone", "--nproc_per_node=2", agent_log="hide") == 0
+    out, _ = capfd.readouterr()
+    assert out.splitlines() == [f"[rank{r}]: rank {r} half and rest {i}" for r in range(2) for i in range(3)], out
