@@ -181,3 +181,15 @@ def test_every_saved_figure_has_its_picture(path):
             data = output.get("data", {})
             if "".join(data.get("text/plain", "")).startswith("<Figure size"):
                 assert "image/png" in data, f"cell [{number}] saved a figure without its picture"
+
+
+def test_every_cell_has_a_unique_id():
+    """nbformat 4.5 requires cell ids: a cell without one makes every reader of the notebook (``python -m ddpkit
+    lab``'s trust step, nbval, nbclient) warn "MissingIDFieldWarning: Cell is missing an id field"."""
+    bad = {}
+    for path in sorted(NOTEBOOK_DIR.rglob("*.ipynb")):
+        nb = json.loads(path.read_text())
+        ids = [c.get("id") for c in nb["cells"]]
+        if (nb["nbformat"], nb["nbformat_minor"]) >= (4, 5) and (None in ids or len(set(ids)) != len(ids)):
+            bad[str(path.relative_to(NOTEBOOK_DIR))] = [i for i, c in enumerate(ids) if c is None or ids.count(c) > 1]
+    assert not bad, f"cells without a unique id (cell indices): {bad}"
