@@ -1,4 +1,4 @@
-"""Chapters 01 and 05 in a real browser: JupyterLab, a real kernel, headless Chromium driven by Playwright.
+"""Chapters 01 and 05 (and, on demand, every chapter) in a real browser: JupyterLab, a real kernel, headless Chromium driven by Playwright.
 
 What a learner sees, checked the way they see it:
 
@@ -16,6 +16,9 @@ What a learner sees, checked the way they see it:
 
 4. **An exercise** (chapter 05's first, issue 21): type a wrong attempt into its attempt cell,
    Shift+Enter through it and its check, and read the smallest failing case; then a right one.
+5. **The tour** (issue 26, on demand: ``DDPKIT_BROWSER_ALL=1``, about 10 minutes): every chapter at
+   1400 x 900 with the file browser open; its saved experiment says how to start, Run All, one press
+   with the defaults draws, and no text in the experiment overflows or wraps in its column.
 
 Screenshots go to ``test-artifacts/browser/`` (``01_first_screen.png``, ``01_experiment.png``,
 ``01_page.png``, ``05_exercise_wrong.png``, ``05_exercise_right.png``; the page one is also taken when
@@ -626,3 +629,100 @@ def test_an_exercise_answered_wrongly_then_rightly_in_the_browser(no_leaks, lab,
         print(f"browser console errors: {page.console_errors[-10:]}")
         print(f"server log (tail):\n{lab.log_tail(3000)}", file=sys.stderr)
         raise
+
+
+# --------------------------------------------------------------------------- every chapter's experiment
+#
+# The issue-26 tour, as the issue's reader saw the course: JupyterLab at 1400 x 900 with the file browser
+# open. For each chapter: the saved experiment says how to start and no control label is cut; Run All; one
+# press of the experiment with its default values draws (status "done", something in the output area) and
+# no text in the output area overflows its column or wraps (a wrapped table line is a table cut mid-word).
+# About 10 minutes for all twelve chapters on 2 quiet cores, so it runs on demand:
+# DDPKIT_BROWSER_ALL=1 (or a comma list of chapter numbers, e.g. DDPKIT_BROWSER_ALL=09,10,11).
+# Screenshots: NN_tour_first_screen.png and NN_tour_experiment.png.
+
+TOUR_VIEWPORT = {"width": 1400, "height": 900}
+TOUR = os.environ.get("DDPKIT_BROWSER_ALL", "")
+TOUR_CHAPTERS = sorted(p.name for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb") if not p.name.startswith("00_"))
+
+# What overflows or wraps inside an element: its text lines wider than the element, or more rendered lines
+# than the text has (pre-wrap breaks a long line, mid-word where it must).
+TEXT_FIT = """(root) => {
+  const bad = [];
+  for (const e of root.querySelectorAll('pre, .widget-html-content, .widget-label, table')) {
+    if (!e.offsetParent) continue;
+    const text = e.textContent || '';
+    if (e.scrollWidth > e.clientWidth + 1) { bad.push('overflows: ' + text.slice(0, 120)); continue; }
+    if (e.tagName === 'PRE') {
+      const lines = text.replace(/\\n$/, '').split('\\n').length;
+      const lh = parseFloat(getComputedStyle(e).lineHeight) || 17;
+      if (e.clientHeight > lines * lh + lh / 2) {
+        const long = text.split('\\n').reduce((a, b) => (b.length > a.length ? b : a), '');
+        bad.push(`wraps (${lines} lines drawn in ${Math.round(e.clientHeight / lh)}): ` + long.slice(0, 120));
+      }
+    }
+  }
+  return bad;
+}"""
+
+
+@pytest.mark.skipif(not TOUR, reason="the twelve-chapter browser tour takes about 10 minutes: DDPKIT_BROWSER_ALL=1")
+@pytest.mark.parametrize("chapter", TOUR_CHAPTERS, ids=lambda n: n[:2])
+def test_every_chapter_experiment_in_the_browser(no_leaks, lab, page, chapter):
+    if TOUR != "1" and chapter[:2] not in TOUR.split(","):
+        pytest.skip(f"DDPKIT_BROWSER_ALL={TOUR} does not name chapter {chapter[:2]}")
+    page.set_viewport_size(TOUR_VIEWPORT)
+    start = time.monotonic()
+    page.goto(lab.url(f"lab/tree/{chapter}"), timeout=PAGE_LOAD * 1000)
+    page.wait_for_function("() => window.jupyterapp !== undefined", timeout=PAGE_LOAD * 1000)
+    page.evaluate("() => window.jupyterapp.restored")
+    page.wait_for_selector(".ddpkit-experiment .ddpkit-run", state="attached", timeout=FIRST_SCREEN * 1000)
+    experiment = page.locator(".ddpkit-experiment").first
+    experiment.scroll_into_view_if_needed()
+    hint = experiment.locator(".ddpkit-status").text_content() or ""
+    assert "Run the cells above first" in hint, f"{chapter}: the saved experiment's status line reads {hint!r}"
+    cut = experiment.evaluate("""e => [...e.querySelectorAll('.widget-label, .widget-dropdown select')]
+        .filter(l => l.scrollWidth > l.clientWidth + 1).map(l => l.textContent.trim().slice(0, 60))""")
+    assert not cut, f"{chapter}: first screen: control labels cut off: {cut}"
+    _shot(experiment, f"{chapter[:2]}_tour_first_screen.png")
+    run_all(page, lab)
+    ran_all = time.monotonic() - start
+    experiment = page.locator(".ddpkit-experiment").first
+    experiment.scroll_into_view_if_needed()
+    button, output = experiment.locator(".ddpkit-run"), experiment.locator(".ddpkit-output")
+    button.evaluate(WATCH_BUTTON)
+    pressed = time.monotonic()
+    button.click()
+    page.wait_for_function("(b) => window.__ddpkitSawDisabled && !b.disabled", arg=button.element_handle(),
+                           timeout=ONE_CLICK * 1000)
+    status = experiment.locator(".ddpkit-status").text_content() or ""
+    shown = output.evaluate("o => ({children: o.querySelectorAll('.jp-OutputArea-output').length, text: o.textContent})")
+    assert status.startswith("done in"), f"{chapter}: the press ended {status!r}: {shown['text'][-1500:]}"
+    assert shown["children"] >= 1, f"{chapter}: the press showed nothing in the output area"
+    experiment.scroll_into_view_if_needed()
+    _shot(experiment, f"{chapter[:2]}_tour_experiment.png")
+    bad = experiment.evaluate(TEXT_FIT)
+    print(f"{chapter}: Run All and first screen {ran_all:.0f} s, press {time.monotonic() - pressed:.1f} s, "
+          f"{len(bad)} text problems")
+    assert not bad, f"{chapter}: text in the experiment does not fit its column: {bad[:6]}"
+
+
+def test_the_text_fit_check_finds_a_wrapped_line_and_an_overflow(requirements):
+    """TEXT_FIT, the tour's check, on a page made for it: a table line that fits, one that pre-wrap breaks
+    (as JupyterLab's output area does) and one that overflows a no-wrap box: it must name the last two only."""
+    from playwright.sync_api import sync_playwright
+
+    line = "planner for ranks " * 12
+    html = (f'<div id=root style="width:400px;font:13px monospace">'
+            f'<pre style="white-space:pre-wrap;margin:0">short line\nanother short one</pre>'
+            f'<pre style="white-space:pre-wrap;margin:0">{line}\nshort</pre>'
+            f'<pre style="white-space:pre;overflow:hidden;margin:0">{line}</pre></div>')
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS, timeout=60_000)
+        try:
+            page = browser.new_page()
+            page.set_content(html)
+            bad = page.locator("#root").evaluate(TEXT_FIT)
+        finally:
+            browser.close()
+    assert [b.split(":")[0].split(" (")[0] for b in bad] == ["wraps", "overflows"], bad
