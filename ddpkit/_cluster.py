@@ -30,9 +30,9 @@ def quiet_mesh(shape: Sequence[int], names: Sequence[str], device_type: str = "c
     """``init_device_mesh(device_type, shape, mesh_dim_names=names)``, without DTensor's log lines.
 
     ``full_tensor()`` of a parameter sharded twice on one dimension (FSDP2 over tensor
-    parallelism) logs a warning, with a clock time, that it needs two all-gathers in a row; this
-    drops the log messages of DTensor's redistribution in the calling process (a rank), then
-    builds the mesh. Call it inside a rank with a default process group.
+    parallelism) logs a warning (a clock time in the log line's prefix) that it needs two
+    all-gathers in a row; this drops the log messages of DTensor's redistribution in the calling
+    process (a rank), then builds the mesh. Call it inside a rank with a default process group.
 
     >>> import ddpkit
     >>> ddpkit.launch(lambda: quiet_mesh((2,), ("dp",)).mesh.tolist(), 2)
