@@ -1,9 +1,9 @@
 """Checks for chapter 09's exercises (``notebooks/09_sharding.ipynb``).
 
-* 09.1 ``zero2_step(opt)``: ZeRO-2, the step of the chapter's ``Zero1`` that frees the whole gradients once
-  they are reduce-scattered, run on 2 and 3 ranks (3: a padded flat vector) for 3 steps: Adam gets one
-  process's averaged gradient for the rank's part, no whole gradient is left after ``step()``, and the
-  parameters end where ``Zero1``'s do;
+* 09.1 ``zero2_step(opt)``: ZeRO-2's gradient sharding, done after the backward: the step of the chapter's
+  ``Zero1`` that frees the whole gradients once they are reduce-scattered, run on 2 and 3 ranks (3: a padded
+  flat vector) for 3 steps: Adam gets one process's averaged gradient for the rank's part, no whole gradient
+  is left after ``step()``, and the parameters end where ``Zero1``'s do;
 * 09.3 ``crossing_tokens(world_size, strategy)``: from how many tokens per rank on a rank's activations
   outweigh its parameters, gradients and Adam state, under DDP and FSDP2, against both sides measured on
   1, 2 and 4 real ranks;
@@ -135,7 +135,7 @@ def _flat(tensors):
     return torch.cat([t.detach().flatten() for t in tensors])
 
 
-# --------------------------------------------------------------------------- 09.1 ZeRO-2
+# --------------------------------------------------------------------------- 09.1 ZeRO-2's gradient sharding
 
 
 def _zero2_on_ranks(zero2_step):
@@ -171,7 +171,7 @@ def _zero2_on_ranks(zero2_step):
             "reference_grad": reference_grad, "reference_params": reference_params}
 
 
-@exercise("09.1", CHAPTER, "ZeRO-2: Zero1's step, freeing the whole gradients",
+@exercise("09.1", CHAPTER, "ZeRO-2's gradient sharding, after the backward: Zero1's step freeing the gradients",
           "section 2 (ZeRO-1 by hand) and section 4 (the ZeRO stages)")
 def check_zero2_step(zero2_step) -> str:
     initial = _flat(make_model().parameters())
@@ -197,7 +197,8 @@ def check_zero2_step(zero2_step) -> str:
                             "Adam must get the average over the ranks of this rank's part, as DDP averages")
             if any(r["left"]):
                 raise Wrong(f"{where}: bytes of whole gradients (p.grad) left after each step()", [0] * STEPS,
-                            r["left"], "ZeRO-2 frees each whole gradient once it has been reduce-scattered")
+                            r["left"], "ZeRO-2's gradient sharding frees each whole gradient once it has been "
+                            "reduce-scattered")
             moved = (r["reference_params"] - initial).abs().max()
             gap = ((r["params"] - r["reference_params"]).abs().max() / moved).item()
             if gap > TOL:
