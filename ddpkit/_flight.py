@@ -20,8 +20,9 @@ on gloo there is no watchdog, every entry stays ``"scheduled"``, and the tool
 fails on gloo dumps. Two facts on gloo in 2.13 matter here: point-to-point
 ``send``/``recv`` are not recorded, and ``reduce_scatter`` is recorded as the
 all-reduces gloo runs for it. With ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` each
-group is wrapped in a checking group whose own collectives are recorded too,
-under the group name ``""``.
+group is wrapped in a checking group whose own collectives are recorded too;
+the recorder then files them, and your own collectives on the wrapped group,
+under the group name ``""`` (chapter 11, section 6).
 
 This module does the comparison a learner needs, and nothing more:
 
@@ -72,7 +73,7 @@ class Collective:
     called it (``"train, line 12: dist.all_reduce(t)"``, without the source
     text when it is not available), ``state`` the recorder's state
     (``"scheduled"`` on gloo, always), ``group_ranks`` the global ranks of
-    the group (empty when unknown, as for ``DETAIL``'s checking group).
+    the group (empty when unknown, as under ``DETAIL``'s wrapper).
 
     >>> c = Collective("0", "default_pg", 3, "all_reduce", ((4,),), ((4,),), ("Float",), "work, line 5", "scheduled")
     >>> str(c)
