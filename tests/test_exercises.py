@@ -40,8 +40,8 @@ def log_epoch_own_file(log_dir):                      # named by LOCAL_RANK: mac
     env = ddpkit.dist_env()
     with open(os.path.join(log_dir, f"log-{env.local_rank}.txt"), "a") as f:
         f.write(f"epoch 1 finished (written by rank {env.rank})\\n")
-''', ["smallest case that fails: world_size=4, nnodes=2", "expected: '4 files, each written by one rank'",
-      "'log-0.txt': [0, 0, 2, 2]", "unique in the whole job", "section 3"]),
+''', ["smallest case that fails: world_size=4, nnodes=2", "expected: 4 files, each written by one rank",
+      '"log-0.txt": [0, 0, 2, 2]', "unique in the whole job", "section 3"]),
     "01.3": ('''
 import os, torch, ddpkit
 def save_then_load(model, ckpt_dir):                  # no barrier: the others may read before rank 0 wrote
@@ -50,13 +50,13 @@ def save_then_load(model, ckpt_dir):                  # no barrier: the others m
         torch.save(model.state_dict(), path + ".tmp")
         os.replace(path + ".tmp", path)
     return torch.load(path)
-''', ["smallest case that fails: world_size=2", "what each rank loaded", "'FileNotFoundError'",
+''', ["smallest case that fails: world_size=2", "what each rank loaded", '"FileNotFoundError"',
       "only once rank 0 has written it", "section 4"]),
     "02.1": ('''
 import torch.distributed as dist
 def init_tcp(addr, port, rank, world_size, timeout_s):   # no timeout: gloo's default, 30 minutes
     dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}?rank={rank}&world_size={world_size}")
-''', ["world_size=3 but 2 processes started", "still waiting after 12 s", "30 minutes", "section 7"]),
+''', ["world_size=3 but 2 processes started, timeout_s=1", "still waiting after 9 s", "30 minutes", "section 7"]),
     "02.3": ('''
 def first_to_finish(store, rank):                         # set, then read: every later rank overwrites the prize
     store.set("winner", str(rank))
@@ -65,7 +65,7 @@ def first_to_finish(store, rank):                         # set, then read: ever
     "02.4": ('''
 def group_store(store, group_name):                       # the shared store itself: every group's keys collide
     return store
-''', ["through group 'group-a'", "expected: 'group-a: rank 0'", "a prefix of its own"]),
+''', ['through group "group-a"', "expected: group-a: rank 0", "a prefix of its own"]),
     "03.1": ('''
 import torch, torch.distributed as dist
 def parcel_ring():                                    # rank 0 always sends: to itself when it is alone
@@ -139,7 +139,8 @@ def every_second_step_hook(state, bucket):          # a skipped step applies eac
         fut.set_result(bucket.buffer())
         return fut
     return default_hooks.allreduce_hook(None, bucket)
-''', ["world_size=2, step 1: the replicas after the step", "bit-identical on every rank", "the same gradient",
+''', ["world_size=2, step 1 (2 buckets per backward after step 0): the replicas after the step",
+      "bit-identical on every rank", "the same gradient",
       "section 5"]),
     "04.6": ('''
 import time, torch, torch.distributed as dist, torch.nn.functional as F
@@ -167,8 +168,9 @@ def step_costs(per_rank_batch):                     # counts the gradients' numb
     "05.1": ('''
 def padding_duplicates(n, world_size, epoch):        # the unshuffled guess: always the first items
     total = -(-n // world_size) * world_size
-    return list(range(n))[: total - n]
-''', ["smallest case that fails: n=3, world_size=4, epoch=0", "expected: [2]", "got:      [0]", "section 1"]),
+    return (list(range(n)) * total)[n:total]
+''', ["smallest case that fails: n=2, world_size=3, epoch=1", "expected: [1]", "got:      [0]", "the epoch's own order",
+      "section 1"]),
     "05.2": ('''
 import torch, torch.distributed as dist, torch.nn.functional as F
 from torch.utils.data.distributed import DistributedSampler
@@ -217,7 +219,7 @@ def save_checkpoint(state, path):                    # straight over the old fil
     if dist.get_rank() == 0:
         torch.save(state, path)
     dist.barrier()
-''', ["smallest case that fails: world_size=1, failing save", "expected: ['rank 0, step 9']", "RuntimeError",
+''', ["smallest case that fails: world_size=1, failing save", 'expected: ["rank 0, step 9"]', "RuntimeError",
       "leave the previous checkpoint whole", "section 3"]),
     "06.3": ('''
 def checkpoint(model, opt, sched):                   # the scheduler left out: its count starts again at 0
@@ -259,8 +261,8 @@ def attend_f_each(attn, x, f):                       # the chapter's one f, befo
     B, T, _ = x.shape
     q, k, v = (w(x).view(B, T, -1, attn.head_dim).transpose(1, 2) for w in (attn.wq, attn.wk, attn.wv))
     return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).flatten(2)
-''', ["smallest case that fails: world_size=2: all-reduces", "expected: {'forward': 2, 'backward': 4}",
-      "got:      {'forward': 2, 'backward': 2}", "its own f", "section 6"]),
+''', ["smallest case that fails: world_size=2: all-reduces", 'expected: {"forward": 2, "backward": 4}',
+      'got:      {"forward": 2, "backward": 2}', "its own f", "section 6"]),
     "08.2": ('''
 def bytes_per_step(world_size, tokens):              # the MLP's two all-reduces, not the block's four
     share = 2 * (world_size - 1) / world_size
@@ -298,7 +300,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 def one_file_state(checkpoint_dir, path):            # the model's part only: Adam's state left behind
     dcp_to_torch_save(checkpoint_dir, path)
     return torch.load(path, weights_only=True)["model"]
-''', ["smallest case that fails: a checkpoint saved by 1 rank: state: keys", "expected: ['model', 'optim']",
+''', ["smallest case that fails: a checkpoint saved by 1 rank: state: keys", 'expected: ["model", "optim"]',
       "model and optimizer", "section 6"]),
     "10.1": ('''
 import math, torch
@@ -307,8 +309,8 @@ def mesh_groups(rank, shape, names):                 # column-major: the first d
     coordinate = tuple(int(c) for c in (layout == rank).nonzero()[0])
     return {name: tuple(layout[coordinate[:k] + (slice(None),) + coordinate[k + 1:]].tolist())
             for k, name in enumerate(names)}
-''', ["smallest case that fails: shape=(2, 2), names=('dp', 'tp'), rank 0", "expected: {'dp': (0, 2), 'tp': (0, 1)}",
-      "got:      {'dp': (0, 1), 'tp': (0, 2)}", "row-major", "section 1"]),
+''', ["smallest case that fails: shape=(2, 2), names=('dp', 'tp'), rank 0", 'expected: {"dp": (0, 2), "tp": (0, 1)}',
+      'got:      {"dp": (0, 1), "tp": (0, 2)}', "row-major", "section 1"]),
     "10.2": ('''
 def fsdp_bytes(replicate, shard, parameters, per_machine):   # HSDP all-reduces the whole gradient, not its shard
     gather = 3 * (shard - 1) / shard * parameters * 4
@@ -335,7 +337,7 @@ def skip_step(loss, limit):                          # each rank decides alone, 
     "11.2": ('''
 swapped = {"error": "LaunchTimeoutError", "failed ranks": [0, 1],    # section 6's answer, timeouts not swapped
            "rank 0 in": "sync_gradients", "rank 1 in": "_finish_group"}
-''', ["smallest case that fails: 'error'", "expected: 'RankFailedError'", "got:      'LaunchTimeoutError'",
+''', ["smallest case that fails: 'error'", "expected: RankFailedError", "got:      LaunchTimeoutError",
       "the group's 2 s or the launcher's 20 s", "section 6"]),
     "11.4": ('''
 import hashlib, torch, torch.distributed as dist
@@ -347,7 +349,7 @@ def check_replicas(model):                           # only rank 0 compares and 
         if dist.get_rank() == 0 and len({h[name] for h in everyone}) > 1:
             raise RuntimeError(f"replicas differ in {name}")
 ''', ["smallest case that fails: world_size=2, rank 1's 3.weight differs in the last bit of one number: which ranks "
-       "raised", "expected: 'all 2 ranks'", "got:      [0]", "raise on every rank", "section 7"]),
+       "raised", "expected: all 2 ranks", "got:      [0]", "raise on every rank", "section 7"]),
     "12.1": ('''
 import numpy as np
 def fit_ring(nbytes, seconds, n):                  # section 1's 2-rank factors, whatever n
@@ -374,6 +376,82 @@ def ddp_bucket_bytes(grad_bytes, cap):             # the bytes cut into buckets 
       "got:      [2097152, 2097152]", "never splits a gradient", "section 5"]),
 }
 
+
+# More wrong attempts that passed an earlier check: (id, exercise, the attempt cell's source, words the answer
+# must contain). Each runs through instructor mode like PLANTED's.
+MORE_PLANTED = [
+    ("05.1-pads-even-splits", "05.1", """
+import torch
+def padding_duplicates(n, world_size, epoch):        # world_size - n % world_size: pads even when it divides n
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(0 + epoch)).tolist()
+    pad = world_size - n % world_size
+    return perm[:pad]
+""", ["smallest case that fails: n=1, world_size=1, epoch=0", "expected: []", "got:      [0]", "pads nothing",
+      "section 1"]),
+    ("05.1-never-wraps-twice", "05.1", """
+import torch
+def padding_duplicates(n, world_size, epoch):        # the order's first items: too few when padding > n
+    total = -(-n // world_size) * world_size
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(0 + epoch)).tolist()
+    return order[: total - n]
+""", ["smallest case that fails: n=1, world_size=3, epoch=0", "expected: [0, 0]", "got:      [0]",
+      "wraps around its order more than once", "section 1"]),
+    ("05.2-whole-set-on-every-rank", "05.2", """
+import torch, torch.nn.functional as F
+def mean_test_loss(model, x, y):                     # every rank evaluates the whole test set alone
+    with torch.no_grad():
+        return F.cross_entropy(model(x), y, reduction="none").double().mean().item()
+""", ["smallest case that fails: world_size=2 (357 test images): the rows each rank passed through the model",
+      "expected: at most 179 on each rank (its share)", "got:      [357, 357]", "its own share", "section 4"]),
+    ("02.1-timeout-of-its-own", "02.1", """
+import datetime
+import torch.distributed as dist
+def init_tcp(addr, port, rank, world_size, timeout_s):   # a timeout of its own: 5 s, whatever timeout_s says
+    url = f"tcp://{addr}:{port}?rank={rank}&world_size={world_size}"
+    dist.init_process_group("gloo", init_method=url, timeout=datetime.timedelta(seconds=5))
+""", ["smallest case that fails: world_size=3 but 2 processes started, timeout_s=1", "expected: both ranks raise "
+      "after about 1 s", "got:      the first after", "use the timeout_s you are given", "section 7"]),
+    ("02.3-check-then-set", "02.3", """
+def first_to_finish(store, rank):                    # check, then set: two steps, so every rank can claim
+    if not store.check(["winner"]):
+        store.set("winner", str(rank))
+    return int(store.get("winner"))
+""", ["every rank finishing at the same moment", "the winner each rank saw", "expected: one rank, the same on "
+      "every rank", "got:      [0, 1, 2, 3]", "atomic", "section 4"]),
+    ("04.5-counts-hook-calls", "04.5", """
+import torch
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+class EverySecondStep:
+    def __init__(self):
+        self.calls, self.last = 0, {}
+def every_second_step_hook(state, bucket):          # counts hook calls, not steps: no bucket.is_last()
+    layout = tuple(p.data_ptr() for p in bucket.parameters())
+    stored = state.last.get(layout)
+    reuse = state.calls % 2 == 1 and stored is not None
+    state.calls += 1
+    if reuse:
+        fut = torch.futures.Future()
+        fut.set_result(stored.clone())
+        return fut
+    def remember(f):
+        state.last[layout] = f.value().clone()
+        return f.value()
+    return default_hooks.allreduce_hook(None, bucket).then(remember)
+""", ["smallest case that fails: world_size=2, step 2", "some buckets all-reduced, others reused, in the same step",
+      "bucket.is_last()", "section 4"]),
+    ("01.3-sleeps-instead-of-waiting", "01.3", """
+import os, time, torch, ddpkit
+def save_then_load(model, ckpt_dir):                  # no barrier: the other ranks sleep 2 s and hope
+    path = os.path.join(ckpt_dir, "model.pt")
+    if ddpkit.dist_env().is_main:
+        torch.save(model.state_dict(), path + ".tmp")
+        os.replace(path + ".tmp", path)
+    else:
+        time.sleep(2)
+    return torch.load(path)
+""", ["smallest case that fails: world_size=2, rank 0 on time: when each rank returned", "within 1 s of rank 0",
+      "sleeps a fixed time", "section 4"]),
+]
 
 def _with_attempts(chapter: Path, attempts: dict[str, str], tmp_path: Path) -> Path:
     """A copy of ``chapter`` whose attempt cells for the given exercises hold the given source."""
@@ -411,9 +489,13 @@ def test_the_chapter_as_shipped_reads_not_attempted_and_the_solutions_pass(chapt
     assert [r.status for r in solved] == ["right"] * len(solved), [str(r) for r in solved]
 
 
-@pytest.mark.parametrize("key", sorted(PLANTED))
-def test_the_usual_mistake_fails_with_what_a_learner_needs(key, tmp_path):
-    source, words = PLANTED[key]
+def _planted_mistakes():
+    yield from (pytest.param(key, *PLANTED[key], id=key) for key in sorted(PLANTED))
+    yield from (pytest.param(key, source, words, id=name) for name, key, source, words in MORE_PLANTED)
+
+
+@pytest.mark.parametrize(("key", "source", "words"), list(_planted_mistakes()))
+def test_the_usual_mistake_fails_with_what_a_learner_needs(key, source, words, tmp_path):
     chapter = NOTEBOOKS / f"{ex.exercises(key.split('.')[0])[0].chapter}.ipynb"
     found = {r.exercise: r for r in _notebook.check_notebook(_with_attempts(chapter, {key: source}, tmp_path))}
     assert found[key].status == "wrong", str(found[key])
@@ -423,12 +505,14 @@ def test_the_usual_mistake_fails_with_what_a_learner_needs(key, tmp_path):
 
 
 def test_a_crashing_rank_gets_the_launchers_report_root_cause_first():
-    def mean_test_loss(model, x, y):
+    def mean_test_loss(model, x, y):                  # right alone (world size 1); on 2 ranks, rank 1 gives up
         import torch.distributed as dist
+        import torch.nn.functional as F
 
         if dist.get_rank() == 1:
             raise ValueError("rank 1 gave up")
         dist.barrier()
+        return F.cross_entropy(model(x), y, reduction="none").double().mean().item()
 
     result = ex.check("05.2", mean_test_loss)
     assert result.status == "wrong"
@@ -440,13 +524,14 @@ def test_a_crashing_rank_gets_the_launchers_report_root_cause_first():
 
 
 def test_a_hanging_collective_ends_at_the_checks_timeout():
-    def mean_test_loss(model, x, y):
+    def mean_test_loss(model, x, y):                  # right alone (world size 1); on 2 ranks, it hangs
         import torch
         import torch.distributed as dist
+        import torch.nn.functional as F
 
         if dist.get_rank() == 0:          # rank 1 never joins this all_reduce
             dist.all_reduce(torch.ones(1))
-        return 0.0
+        return F.cross_entropy(model(x), y, reduction="none").double().mean().item()
 
     start = time.monotonic()
     result = ex.check("05.2", mean_test_loss)
@@ -502,12 +587,180 @@ def test_instructor_mode_prints_one_line_per_exercise_and_an_exit_status(tmp_pat
                                                                ("05.4", "not attempted")]
 
 
-def test_instructor_mode_says_what_to_do_with_bad_input(tmp_path):
+def test_instructor_mode_says_what_to_do_with_bad_input(tmp_path, capsys):
+    """A usage error has an exit status of its own (3), apart from "not attempted" (2)."""
     run = subprocess.run([sys.executable, "-m", "ddpkit", "check", str(tmp_path / "missing.ipynb")],
                          capture_output=True, text=True, timeout=60)
-    assert run.returncode == 2 and "no such notebook" in run.stderr
-    run = subprocess.run([sys.executable, "-m", "ddpkit", "check"], capture_output=True, text=True, timeout=60)
-    assert run.returncode == 2 and "usage: python -m ddpkit check" in run.stderr
+    assert run.returncode == 3 and "no such notebook" in run.stderr, run
+    for args in ([], ["--verbose", str(NOTEBOOKS / "05_samplers.ipynb")]):
+        assert _notebook.main(args) == 3
+        assert "usage: python -m ddpkit check" in capsys.readouterr().err
+    assert _notebook.main(["--help"]) == 0
+    assert "3 usage error" in capsys.readouterr().out
+    assert _notebook.main([str(NOTEBOOKS / "05_samplers.ipynb")]) == 2        # untouched: not attempted
+    assert capsys.readouterr().out.count("not attempted") == 3
+
+
+def _temporary_exercise(key, checker):
+    """Register ``checker`` as exercise ``key`` for one test (the registry is the real one)."""
+    from ddpkit.exercises import _core
+
+    _core.exercise(key, "99_test", "a test exercise", "section 1")(checker)
+    return key
+
+
+@pytest.fixture
+def scratch_exercises():
+    from ddpkit.exercises import _core
+
+    before = set(_core._REGISTRY)
+    yield _temporary_exercise
+    for key in set(_core._REGISTRY) - before:
+        del _core._REGISTRY[key]
+
+
+def test_an_error_of_the_check_itself_is_not_blamed_on_the_learner(scratch_exercises):
+    def buggy_checker(attempt):
+        attempt(1)
+        assert False, "the checker's own assert"
+
+    def reference_fails(attempt):
+        return {}["the reference's missing key"]
+
+    def calls_it_wrongly(attempt):
+        return attempt(1, 2, 3)
+
+    def attempt(n):
+        return n + 1
+
+    found = ex.check(scratch_exercises("99.1", buggy_checker), attempt)
+    assert found.status == "check error", found
+    assert "the check itself failed, not your code" in found.message and "AssertionError" in found.message
+    assert "your code raised" not in found.message and "not right yet" not in found.message
+    assert ex.check(scratch_exercises("99.2", reference_fails), attempt).status == "check error"
+    wrong = ex.check(scratch_exercises("99.3", calls_it_wrongly), attempt)  # the learner's signature: their error
+    assert wrong.status == "wrong" and "your code raised TypeError" in wrong.message, wrong
+
+    class NeedsAnArgument:                               # a class the check builds without arguments
+        def __init__(self, x):
+            self.x = x
+
+    wrong = ex.check(scratch_exercises("99.8", lambda attempt: str(attempt())), NeedsAnArgument)
+    assert wrong.status == "wrong" and "missing 1 required positional argument" in wrong.message, wrong
+
+
+def test_a_not_implemented_error_reads_not_attempted_only_from_the_attempts_own_body(scratch_exercises):
+    def in_process(attempt):
+        return str(attempt(3))
+
+    def on_ranks(attempt):
+        from ddpkit import _launch
+
+        return str(_launch.launch(attempt, 2, timeout=20))
+
+    def started(n):
+        x = n + 1
+        raise NotImplementedError("not finished")
+
+    def library_raises(n):
+        import torch.utils.data
+
+        return torch.utils.data.Dataset()[n]            # torch's NotImplementedError, not a placeholder
+
+    def says_it(n=0):
+        raise ValueError("NotImplementedError is in this message, but this is a ValueError")
+
+    local, ranks = scratch_exercises("99.4", in_process), scratch_exercises("99.5", on_ranks)
+    assert ex.check(local, started).status == "not attempted"
+    assert ex.check(local, library_raises).status == "wrong"
+    assert "your code raised NotImplementedError" in ex.check(local, library_raises).message
+
+    def started_on_ranks():
+        import torch.distributed as dist
+
+        rank = dist.get_rank()
+        raise NotImplementedError(f"rank {rank} not finished")
+
+    def library_raises_on_ranks():
+        import torch.utils.data
+
+        return torch.utils.data.Dataset()[0]
+
+    def says_it_on_ranks():
+        raise ValueError("NotImplementedError is in this message, but this is a ValueError")
+
+    assert ex.check(ranks, started_on_ranks).status == "not attempted"
+    for attempt in (library_raises_on_ranks, says_it_on_ranks):
+        found = ex.check(ranks, attempt)
+        assert found.status == "wrong" and "did not finish on the ranks" in found.message, found
+    assert ex.check(local, says_it).status == "wrong"
+
+
+def test_a_function_that_never_returns_is_stopped(scratch_exercises, monkeypatch):
+    from ddpkit.exercises import _core
+
+    monkeypatch.setattr(_core, "ATTEMPT_TIMEOUT_S", 1)
+
+    def calls_it(attempt):
+        return f"returned {attempt(10, 4, 0)}"
+
+    def spins(n, world_size, epoch):
+        while True:
+            try:
+                n += 1
+            except Exception:                            # cannot swallow the timeout
+                pass
+
+    def sleeps(n, world_size, epoch):
+        import time
+
+        time.sleep(60)
+
+    key = scratch_exercises("99.6", calls_it)
+    for attempt in (spins, sleeps):
+        start = time.monotonic()
+        found = ex.check(key, attempt)
+        assert time.monotonic() - start < 10
+        assert found.status == "wrong" and f"{attempt.__name__}(10, 4, 0) did not return within 1 s" in found.message
+    assert ex.check(key, lambda n, world_size, epoch: []).message == "99.6 right: returned []"
+    import signal
+
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_strings_in_messages_are_shown_plainly(scratch_exercises):
+    def checker(attempt):
+        raise ex.Wrong("a case", "one file, written by rank 0", ["rank 0's weights", "FileNotFoundError"], "a hint")
+
+    message = ex.check(scratch_exercises("99.7", checker), lambda: 0).message
+    assert "  expected: one file, written by rank 0\n" in message
+    assert """  got:      ["rank 0's weights", "FileNotFoundError"]\n""" in message
+
+
+def test_instructor_mode_runs_the_cells_between_an_attempt_and_its_check(tmp_path):
+    """A scratch cell (or a note) between the attempt and its check runs in order, as in the notebook."""
+    solved = {k: a for k, a, _ in _notebook.attempt_cells(NOTEBOOKS / "solutions" / "05_samplers.ipynb")}
+    nb = json.loads((NOTEBOOKS / "05_samplers.ipynb").read_text())
+    cells = nb["cells"]
+    first = next(i for i, c in enumerate(cells) if "".join(c["source"]).startswith('ddpkit.exercises.check("05.1"'))
+    second = next(i for i, c in enumerate(cells) if "".join(c["source"]).startswith('ddpkit.exercises.check("05.2"'))
+    code = lambda source: {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
+                           "source": source}
+    note = {"cell_type": "markdown", "metadata": {}, "source": "My notes: try 10 items on 4 ranks."}
+    cells[second:second] = [code("mean_test_loss(None, None, None)  # a scratch call: the untouched attempt raises")]
+    cells[first - 1]["source"] = solved["05.1"]
+    cells[first:first] = [note, code("padding_duplicates(10, 4, 0)\nprint('scratch')"), code("import math")]
+    path = tmp_path / "05_samplers.ipynb"
+    path.write_text(json.dumps(nb))
+    assert [k for k, _, _ in _notebook.attempt_cells(path)] == ["05.1", "05.2", "05.4"]
+    assert _notebook.attempt_cells(path)[0][1] == solved["05.1"]
+    found = _notebook.check_notebook(path)
+    assert [r.status for r in found] == ["right", "not attempted", "not attempted"], [str(r) for r in found]
+    run = subprocess.run([sys.executable, "-m", "ddpkit", "check", str(path), "--json"], capture_output=True,
+                         text=True, timeout=120, cwd=ROOT)
+    report = json.loads(run.stdout)[str(path)]                 # the scratch cell's print went to stderr
+    assert [r["status"] for r in report] == ["right", "not attempted", "not attempted"] and run.returncode == 2
+    assert "scratch" in run.stderr
 
 
 def test_reveal_shows_the_worked_answer_from_the_solutions_notebook():

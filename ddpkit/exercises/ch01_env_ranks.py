@@ -7,7 +7,8 @@
   2 x 2 and 3 x 2 processes sharing one directory (as nodes share a file system), two epochs each;
 * 01.3 ``save_then_load(model, ckpt_dir)``: rank 0 saves, every rank returns the state dict it loads, on 1
   and 2 ranks with rank 0 on time, then on 2 and 4 ranks with rank 0 late by 1.5 s (as a big checkpoint
-  makes it), against rank 0's weights.
+  makes it), against rank 0's weights; and every rank must return within 1 s of rank 0 (it waits for
+  rank 0, not for a fixed time: a fixed sleep is too short when rank 0 is late, too long when on time).
 
 Exercises 4 and 5 ask what happens and why: the chapter offers a self-check
 (:func:`ddpkit.exercises.reveal`) for them.
@@ -101,8 +102,12 @@ def _save_then_load_on_ranks(save_then_load, ckpt_dir, late_s):
     try:
         state = save_then_load(model, ckpt_dir)
     except FileNotFoundError:
-        return "FileNotFoundError"
-    return state["weight"].detach().clone()
+        return "FileNotFoundError", time.monotonic()
+    returned = time.monotonic()                 # one clock for every process of this machine
+    weight = state.get("weight") if isinstance(state, dict) else None
+    if not isinstance(weight, torch.Tensor):
+        return f"not a state dict: {type(state).__name__}", returned
+    return weight.detach().clone(), returned
 
 
 @exercise("01.3", CHAPTER, "rank 0 saves, every rank loads rank 0's checkpoint",
@@ -119,7 +124,7 @@ def check_save_then_load(save_then_load) -> str:
             files = sorted(os.listdir(ckpt_dir))
         case = f"world_size={world}, rank 0 {'late by %.1f s' % late_s if late_s else 'on time'}"
         loaded = ["rank 0's weights" if isinstance(w, torch.Tensor) and torch.equal(w, rank0)
-                  else w if isinstance(w, str) else "other weights" for w in got]
+                  else w if isinstance(w, str) else "other weights" for w, _ in got]
         if loaded != ["rank 0's weights"] * world:
             raise Wrong(case + ": what each rank loaded", ["rank 0's weights"] * world, loaded,
                         "a rank may read the file only once rank 0 has written it: make every rank "
@@ -127,5 +132,17 @@ def check_save_then_load(save_then_load) -> str:
         if len(files) != 1:
             raise Wrong(case + ": the checkpoint directory", "one file, written by rank 0", files,
                         "only the main process saves")
+        after = [round(returned - got[0][1], 1) for _, returned in got]
+        if max(after) > _WAIT_MARGIN_S:
+            raise Wrong(case + ": when each rank returned, in seconds after rank 0 returned",
+                        f"every rank within {_WAIT_MARGIN_S:g} s of rank 0 (they go on together once rank 0 has "
+                        "saved)", after,
+                        "a rank that sleeps a fixed time instead of waiting for rank 0 is too late when rank 0 is "
+                        "on time, and too early when it is late: wait exactly as long as rank 0 takes")
     return ("on 1 and 2 ranks with rank 0 on time, and on 2 and 4 ranks with rank 0 1.5 s late, every rank "
-            "loaded rank 0's weights from the one file rank 0 saved.")
+            "loaded rank 0's weights from the one file rank 0 saved, and went on as soon as rank 0 had saved.")
+
+
+#: How long after rank 0 another rank may return from 01.3's attempt: far above the skew of a barrier on a
+#: loaded machine, far below rank 0's lateness (1.5 s), so that no fixed sleep passes both kinds of case.
+_WAIT_MARGIN_S = 1.0

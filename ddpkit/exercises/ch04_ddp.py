@@ -5,8 +5,9 @@
   enough to get a second bucket from the default cap, on 1 and 2 ranks, against DDP's own count;
 * 04.5 ``{"state": EverySecondStep, "hook": every_second_step_hook}``: a communication hook that
   all-reduces every second step and reuses the previous average otherwise, trained 10 steps with momentum
-  on 2 and 3 ranks: replicas bit-identical after every step, each step's gradient either that step's
-  mean or exactly the previous one, and about every second step without communication;
+  on 2 and 3 ranks with a 1 KB bucket cap (2 buckets per backward, so counting hook calls is not counting
+  steps): replicas bit-identical after every step, each step's gradient either that step's mean or
+  exactly the previous one, and about every second step without communication;
 * 04.6 ``step_costs(per_rank_batch)``: the bytes DDP all-reduces per step and the compute and all-reduce
   times of ``digits_mlp(hidden=1024, depth=2)`` at per-rank batches of 16 and 256, on 2 ranks, against
   the exact byte count and times measured in the same check (a wide margin: timings vary by machine).
@@ -94,6 +95,11 @@ def check_buckets_per_backward(buckets_per_backward) -> str:
 # --------------------------------------------------------------------------- 04.5 a hook that skips steps
 
 
+#: 04.5's bucket cap: section 4's model then gets 2 buckets per backward (after iteration 0), so a hook that
+#: counts its calls instead of the steps skips half of a step's buckets.
+_HOOK_BUCKET_CAP_MB = 0.001
+
+
 def _hook_on_ranks(state_class, hook, steps=10, per_rank_batch=16):
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -104,7 +110,7 @@ def _hook_on_ranks(state_class, hook, steps=10, per_rank_batch=16):
 
     rank, world = dist.get_rank(), dist.get_world_size()
     data = _data.load_digits()
-    model = DDP(_data.digits_mlp(seed=0))
+    model = DDP(_data.digits_mlp(seed=0), bucket_cap_mb=_HOOK_BUCKET_CAP_MB)
     model.register_comm_hook(state_class(), hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     local = _data.digits_mlp(seed=0)
@@ -135,12 +141,15 @@ def check_every_second_step(attempt) -> str:
     if not isinstance(attempt, dict) or set(attempt) != {"state", "hook"}:
         raise Wrong("the attempt", '{"state": EverySecondStep, "hook": every_second_step_hook}', attempt,
                     "pass the state class and the hook function, as the check cell does")
+    from .. import _data
+
+    sizes = [p.numel() for p in _data.digits_mlp(seed=0).parameters()]
     steps = 10
     for world in (2, 3):
         per_rank = _launch.launch(_hook_on_ranks, world, args=(attempt["state"], attempt["hook"], steps), timeout=20)
         pattern = ""
         for step, (grad, mean, identical) in enumerate(per_rank[0]):
-            case = f"world_size={world}, step {step}"
+            case = f"world_size={world}, step {step} (2 buckets per backward after step 0)"
             fresh = torch.allclose(grad, mean, rtol=1e-5, atol=1e-7)
             reused = step > 0 and torch.equal(grad, per_rank[0][step - 1][0])
             if step == 0 and not fresh:
@@ -153,6 +162,16 @@ def check_every_second_step(attempt) -> str:
                             "on a step without communication every rank must apply the same gradient, and a "
                             "rank's own gradient differs from rank to rank")
             if not (fresh or reused):
+                previous = per_rank[0][step - 1][0] if step else grad
+                parts = list(zip(grad.split(sizes), mean.split(sizes), previous.split(sizes)))
+                mixed = step > 0 and all(torch.allclose(g, m, rtol=1e-5, atol=1e-7) or torch.equal(g, p)
+                                         for g, m, p in parts)
+                if mixed:
+                    raise Wrong(f"{case}: the gradient after backward()",
+                                "this step's mean in every bucket, or the previous average in every bucket",
+                                "some buckets all-reduced, others reused, in the same step",
+                                "DDP calls the hook once per bucket, so a counter bumped on every call counts "
+                                "buckets, not steps: bucket.is_last() marks a step's last bucket")
                 raise Wrong(f"{case}: the gradient after backward()",
                             "this step's mean, or exactly the previous step's gradient",
                             f"neither (max |gradient - mean| {(grad - mean).abs().max():.3g})",
@@ -164,9 +183,9 @@ def check_every_second_step(attempt) -> str:
                         "about every second step skipped, never two in a row", pattern,
                         "count the steps in the hook's state: DDP calls the hook once per bucket, and "
                         "bucket.is_last() marks a step's last one")
-    return (f"on 2 and 3 ranks, 10 steps with momentum: replicas bit-identical after every step, every step "
-            f"applied its own mean or exactly the previous average, and {pattern.count('S')} of {steps} "
-            f"steps skipped the all-reduce ({pattern}).")
+    return (f"on 2 and 3 ranks, 10 steps with momentum and 2 buckets per backward: replicas bit-identical after "
+            f"every step, every step applied its own mean or exactly the previous average, and "
+            f"{pattern.count('S')} of {steps} steps skipped the all-reduce ({pattern}).")
 
 
 # --------------------------------------------------------------------------- 04.6 bytes and times per step
