@@ -443,11 +443,42 @@ def check_timing(measure: Callable[[], object], claims: Callable[[object], list[
 # What can: the CPU time the whole machine spent during the measurement, less what our own processes spent.
 
 
+_BUSY_FIELDS = ("user", "nice", "system", "irq", "softirq", "steal")
+
+
 def _machine_busy_seconds() -> float:
+    """Busy CPU-seconds of the CPUs this process may run on (all of the machine's where that cannot be told).
+
+    A container pinned to 2 of a host's 64 CPUs counts only its 2: other programs on the host's other CPUs do not
+    compete with ours, and programs on our 2 must not be divided by 64 (see :func:`usable_cores`).
+    """
     import psutil
 
+    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    if allowed is not None:
+        per_cpu = _per_cpu_busy_seconds()  # {CPU number: busy seconds}, from /proc/stat
+        if per_cpu and allowed <= per_cpu.keys():
+            return sum(per_cpu[cpu] for cpu in allowed)
     times = psutil.cpu_times()  # summed over every CPU of the machine
-    return sum(getattr(times, f) for f in ("user", "nice", "system", "irq", "softirq", "steal") if hasattr(times, f))
+    return sum(getattr(times, f) for f in _BUSY_FIELDS if hasattr(times, f))
+
+
+def _per_cpu_busy_seconds() -> dict[int, float]:
+    # /proc/stat's "cpuN user nice system idle iowait irq softirq steal ..." lines, in clock ticks, by CPU number
+    # (psutil's per-CPU list is by position, which differs from the number when a CPU is offline)
+    try:
+        with open("/proc/stat") as f:
+            lines = f.read().splitlines()
+        tick = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    busy = {}
+    for line in lines:
+        name, *fields = line.split()
+        if name.startswith("cpu") and name[3:].isdigit():
+            user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in (fields + ["0"] * 8)[:8])
+            busy[int(name[3:])] = (user + nice + system + irq + softirq + steal) / tick
+    return busy
 
 
 def _our_seconds() -> float:
@@ -478,8 +509,9 @@ class CpuUse:
     ``ours`` is this process's time plus that of the children it waited for
     (ranks forked by :func:`ddpkit.launch`, ``torchrun`` agents and their
     workers), and of the children still running, such as ddpkit's forkserver
-    with the ranks it forked and reaped; ``machine`` is the busy time of every
-    CPU together; ``others`` is the difference: programs that are not ours.
+    with the ranks it forked and reaped; ``machine`` is the busy time of the
+    ``cores`` CPUs this process may run on (:func:`usable_cores`) together;
+    ``others`` is the difference: programs that are not ours.
 
     >>> use = CpuUse(wall=2.0, ours=1.9, machine=2.3, cores=2)
     >>> round(use.others, 2), round(use.others_share, 2)
@@ -507,8 +539,8 @@ def cpu_use(fn: Callable, *args, **kwargs):
     Use it to say whether a timing had the cores to itself: a large
     ``others_share`` (say above 0.1) means other programs competed for the
     CPUs, and a ranking of configurations measured then may say more about
-    them than about the configurations. Linux only (it reads the machine's CPU
-    times through ``psutil``).
+    them than about the configurations. Linux only (it reads the CPU times of
+    the CPUs this process may run on from ``/proc/stat``, or ``psutil``'s).
 
     >>> import time
     >>> def spin():
@@ -519,11 +551,9 @@ def cpu_use(fn: Callable, *args, **kwargs):
     >>> result, use.ours >= 0.15, 0.0 <= use.others_share <= 1.0
     ('done', True, True)
     """
-    import psutil
-
     machine, ours, start = _machine_busy_seconds(), _our_seconds(), time.perf_counter()
     result = fn(*args, **kwargs)
     wall = time.perf_counter() - start
     use = CpuUse(wall=wall, ours=_our_seconds() - ours, machine=_machine_busy_seconds() - machine,
-                 cores=psutil.cpu_count() or 1)
+                 cores=usable_cores())
     return result, use

@@ -35,9 +35,7 @@ CORE_SECONDS, DEEPER_SECONDS = 60.0, 90.0
 # Chapters not yet split into a core path and its deeper companion (issue 20): the list may only
 # shrink. A chapter listed here that already meets every limit fails the test below, so the list
 # cannot silently keep a finished chapter.
-NOT_YET = {
-    "06",  # within every word and cell limit, core Run All 59.8 s, but the deeper notebook's torchrun runs take 121 s
-}
+NOT_YET: set[str] = set()
 # While a chapter is being reshaped: COURSE_SHAPE_CHECK=04,05 pytest tests/test_course_shape.py
 NOT_YET -= set(filter(None, os.environ.get("COURSE_SHAPE_CHECK", "").split(",")))
 

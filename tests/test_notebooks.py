@@ -193,3 +193,21 @@ def test_every_cell_has_a_unique_id():
         if (nb["nbformat"], nb["nbformat_minor"]) >= (4, 5) and (None in ids or len(set(ids)) != len(ids)):
             bad[str(path.relative_to(NOTEBOOK_DIR))] = [i for i, c in enumerate(ids) if c is None or ids.count(c) > 1]
     assert not bad, f"cells without a unique id (cell indices): {bad}"
+
+
+STDERR_LABEL = re.compile(r"\bred\b", re.I)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS + DEEPER, ids=lambda p: str(p.relative_to(NOTEBOOK_DIR)))
+def test_expected_red_output_is_labelled_as_expected(path):
+    """JupyterLab draws standard error on a red background, like a crash. Where a cell's saved output has some, the
+    learner is told it is expected: in the markdown right above, or in the cell's leading comment (issue 26)."""
+    cells, unlabelled = _cells(path), []
+    for i, cell in enumerate(cells):
+        if not any(o.get("output_type") == "stream" and o.get("name") == "stderr" for o in cell.get("outputs", [])):
+            continue
+        above = next(("".join(c["source"]) for c in reversed(cells[:i]) if c["cell_type"] == "markdown"), "")
+        comment = "\n".join(line for line in "".join(cell["source"]).splitlines()[:6] if line.lstrip().startswith("#"))
+        if not (STDERR_LABEL.search(above.split("\n\n")[-1]) or STDERR_LABEL.search(comment)):
+            unlabelled.append(i)
+    assert not unlabelled, f"cells {unlabelled} show standard error (red) without saying that it is expected"
