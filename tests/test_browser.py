@@ -551,7 +551,7 @@ WRONG_ATTEMPT = '''import torch
 
 def padding_duplicates(n, world_size, epoch):
     total = -(-n // world_size) * world_size
-    return list(range(n))[: total - n]           # always the first items
+    return (list(range(n)) * total)[n:total]     # the unshuffled order: the usual mistake
 '''
 RIGHT_ATTEMPT = '''import torch
 
@@ -613,8 +613,8 @@ def test_an_exercise_answered_wrongly_then_rightly_in_the_browser(no_leaks, lab,
         page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-cell')")
         page.wait_for_function(f"(i) => ({CELL_OUTPUT})(i) !== null", arg=first, timeout=RUN_ALL * 1000)
         wrong = _attempt_and_check(page, WRONG_ATTEMPT, "05.1 not right yet")
-        assert "The smallest case that fails: n=3, world_size=4, epoch=0" in wrong, wrong
-        assert "expected: [2]" in wrong and "got:      [0]" in wrong and "hint:" in wrong, wrong
+        assert "The smallest case that fails: n=2, world_size=3, epoch=1" in wrong, wrong
+        assert "expected: [1]" in wrong and "got:      [0]" in wrong and "hint:" in wrong, wrong
         _shot(page, "05_exercise_wrong.png")
         right = _attempt_and_check(page, RIGHT_ATTEMPT, "05.1 right")
         assert "real ranks" in right, right
